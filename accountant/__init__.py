@@ -1,0 +1,1 @@
+"""The accountant service: write-ahead charging, the SQLite ledger and the REST status."""

@@ -1,0 +1,46 @@
+"""The accountant's REST status: anyone can read any run's budget and ledger.
+
+``GET /healthz``, ``GET /v1/runs``, ``GET /v1/runs/{id}``, ``GET /v1/runs/{id}/ledger``;
+OpenAPI at ``/openapi.json``. Infinite values are written as the string "Infinity".
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, HTTPException
+
+from vesper.accountant.budget import Accountant, AccountantError
+from vesper.common.privacy.ledger import LedgerView, RunStatusView
+
+
+def create_app(accountant: Accountant) -> FastAPI:
+    app = FastAPI(
+        title="vesper accountant",
+        version="1",
+        description="Edge-level privacy budgets of vesper runs, and the ledger each ε is computed from.",
+    )
+
+    def view(run_id: str) -> RunStatusView:
+        try:
+            return accountant.status(run_id)
+        except AccountantError as exc:
+            raise HTTPException(status_code=404, detail=str(exc)) from None
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/runs", response_model=list[RunStatusView])
+    def list_runs() -> list[RunStatusView]:
+        return accountant.list_runs()
+
+    @app.get("/v1/runs/{run_id}", response_model=RunStatusView)
+    def get_run(run_id: str) -> RunStatusView:
+        return view(run_id)
+
+    @app.get("/v1/runs/{run_id}/ledger", response_model=LedgerView)
+    def get_ledger(run_id: str) -> LedgerView:
+        view(run_id)
+        record = accountant.store.get_run(run_id)
+        return LedgerView(run=record, rows=accountant.store.charges(run_id))
+
+    return app

@@ -1,0 +1,58 @@
+"""Run the accountant: gRPC for charges, uvicorn for the REST status, one ledger file."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from pathlib import Path
+
+import uvicorn
+
+from vesper.accountant.budget import Accountant
+from vesper.accountant.ledger_store import LedgerStore
+from vesper.accountant.rest import create_app
+from vesper.accountant.service import AccountantService
+from vesper.common.config import AccountantConfig
+from vesper.common.grpc_server import start_server, write_ready_file
+from vesper.proto.v1 import accountant_pb2, accountant_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+def _bind(listen: str) -> socket.socket:
+    host, port = listen.rsplit(":", 1)
+    sock = socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host.strip("[]"), int(port)))
+    sock.listen(128)
+    return sock
+
+
+def serve(config: AccountantConfig, ready_file: Path | None = None) -> None:
+    store = LedgerStore(config.ledger)
+    accountant = Accountant(store)
+    name = accountant_pb2.DESCRIPTOR.services_by_name["Accountant"].full_name
+    grpc_server, grpc_port = start_server(
+        config.listen,
+        [(accountant_pb2_grpc.add_AccountantServicer_to_server, AccountantService(accountant), name)],
+        max_message_mb=16,
+    )
+    rest_socket = _bind(config.rest_listen)
+    rest_host, rest_port = rest_socket.getsockname()[:2]
+    server = uvicorn.Server(uvicorn.Config(create_app(accountant), log_level="warning", access_log=False))
+
+    def announce() -> None:
+        while not server.started and not server.should_exit:
+            time.sleep(0.02)
+        if server.started:
+            log.info("accountant: gRPC on port %d, REST on http://%s:%d, ledger %s", grpc_port, rest_host, rest_port, config.ledger)
+            write_ready_file(ready_file, grpc_port=grpc_port, rest_port=rest_port, rest_url=f"http://{rest_host}:{rest_port}")
+
+    threading.Thread(target=announce, daemon=True).start()
+    try:
+        server.run(sockets=[rest_socket])  # returns on SIGINT/SIGTERM
+    finally:
+        grpc_server.stop(grace=2).wait()
+        store.close()

@@ -1,0 +1,1 @@
+"""What both parties share: wire codec, configuration, dataset files and splits, privacy math."""

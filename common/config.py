@@ -1,0 +1,213 @@
+"""Configuration models: one TOML file per institution, validated by pydantic.
+
+A file may hold any of the sections ``[party_a]``, ``[party_b]``, ``[accountant]``,
+``[coordinator]`` and ``[run]``; each command reads the sections it needs and says so
+when one is missing. Command-line flags override ``[run]`` values.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+ExtractorName = Literal["mlp", "pmp-gin", "pmp-gcn"]
+DecoderName = Literal["concat", "gru"]
+AccountingMode = Literal["visible-batch"]
+WireDTypeName = Literal["float32", "bfloat16"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+
+
+class ExtractorConfig(_Model):
+    """Party A's encoder and private representation extractor (PRE)."""
+
+    name: ExtractorName = "pmp-gcn"
+    layers: int = Field(1, ge=1, le=8, description="L, message-passing layers")
+    fanout: int = Field(
+        10, ge=0, description="D, neighbours sampled per node and layer; 0 = all neighbours"
+    )
+    d_min: int = Field(
+        1, ge=0, description="D_min of truncated PMP-GCN: nodes with fewer neighbours get no messages"
+    )
+    dim: int = Field(64, ge=1, le=4096, description="d, width of every released embedding")
+    encoder_hidden: int = Field(128, ge=1, le=16384)
+    dropout: float = Field(0.5, ge=0.0, lt=1.0, description="encoder dropout")
+    spectral_norm: bool = Field(True, description="spectral normalisation of PMP layer weights")
+    noise_multiplier: float | None = Field(
+        None,
+        gt=0,
+        description="fixed z = noise std / sensitivity instead of calibrating it to epsilon",
+    )
+
+
+class DecoderConfig(_Model):
+    """Party B's decoder."""
+
+    kind: DecoderName = "concat"
+    hidden_dim: int = Field(64, ge=1, le=16384)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+
+
+class OptimizerConfig(_Model):
+    """Optimiser used by both parties for their own parameters."""
+
+    name: Literal["adam", "sgd"] = "adam"
+    lr: float = Field(0.01, gt=0, le=10)
+    weight_decay: float = Field(0.0, ge=0)
+
+
+class PrivacyConfig(_Model):
+    epsilon: float = Field(8.0, description="edge-level budget; inf = no noise and no budget")
+    delta: float | None = Field(None, description="default 1/|E| of party A's graph")
+    accounting: AccountingMode = "visible-batch"
+
+    @field_validator("epsilon")
+    @classmethod
+    def _positive_epsilon(cls, value: float) -> float:
+        if math.isnan(value) or value <= 0:
+            raise ValueError("epsilon must be > 0 (or inf for a non-private run)")
+        return value
+
+    @field_validator("delta")
+    @classmethod
+    def _delta_range(cls, value: float | None) -> float | None:
+        if value is not None and not 0 < value < 1:
+            raise ValueError("delta must be in (0, 1)")
+        return value
+
+
+class RunConfig(_Model):
+    """One training run, sent by the coordinator to party A."""
+
+    dataset: str = Field("cora", description="bundled name, a name from the parties' [datasets], or an .npz path")
+    epochs: int = Field(30, ge=1, le=100_000)
+    batch_size: int = Field(256, ge=1, le=1_000_000)
+    seed: int = Field(0, ge=0, description="root order and parameter initialisation (not A's noise)")
+    split_seed: int = Field(0, ge=0, description="seed of B's stratified split when the data has none")
+    wire_dtype: WireDTypeName = "float32"
+    eval_chunk: int = Field(4096, ge=1, description="evaluation nodes per message")
+    privacy: PrivacyConfig = PrivacyConfig()
+    extractor: ExtractorConfig = ExtractorConfig()
+    decoder: DecoderConfig = DecoderConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "RunConfig":
+        ex = self.extractor
+        if ex.name == "pmp-gcn" and ex.fanout and ex.d_min > ex.fanout:
+            raise ValueError(
+                f"extractor.d_min={ex.d_min} exceeds extractor.fanout={ex.fanout}: with at most "
+                "D sampled neighbours no node could reach D_min, so every message would be blocked"
+            )
+        if math.isinf(self.privacy.epsilon) and ex.noise_multiplier is not None:
+            raise ValueError(
+                "extractor.noise_multiplier is set but privacy.epsilon is inf (no noise): "
+                "choose one"
+            )
+        return self
+
+
+class PartyAConfig(_Model):
+    listen: str = "127.0.0.1:50051"
+    label_party: str = Field("127.0.0.1:50052", description="party B's gRPC address")
+    accountant: str = Field("127.0.0.1:50053", description="the accountant's gRPC address")
+    accountant_status_url: str = Field(
+        "http://127.0.0.1:8080", description="the accountant's REST base URL, shown to users"
+    )
+    device: str = Field("cpu", description="torch device for A's hot path: cpu, cuda, cuda:1")
+    workdir: Path = Path(".vesper/party_a")
+    datasets: dict[str, str] = Field(default_factory=dict, description="dataset name -> .npz path")
+    secret_seed: int | None = Field(
+        None,
+        description="seed of A's noise and neighbour sampling; unset = fresh OS randomness. "
+        "Tests only: B must never learn it.",
+    )
+    max_message_mb: int = Field(64, ge=1, le=2047)
+    step_timeout_s: float = Field(120.0, gt=0)
+
+
+class PartyBConfig(_Model):
+    listen: str = "127.0.0.1:50052"
+    device: str = "cpu"
+    workdir: Path = Path(".vesper/party_b")
+    datasets: dict[str, str] = Field(default_factory=dict)
+    receipt_log: Path | None = Field(
+        None, description="JSONL file where B records every release it receives, before using it"
+    )
+    max_message_mb: int = Field(64, ge=1, le=2047)
+
+
+class AccountantConfig(_Model):
+    listen: str = "127.0.0.1:50053"
+    rest_listen: str = "127.0.0.1:8080"
+    ledger: Path = Path(".vesper/accountant/ledger.sqlite")
+
+
+class CoordinatorConfig(_Model):
+    party_a: str = "127.0.0.1:50051"
+    accountant_status_url: str = "http://127.0.0.1:8080"
+
+
+class VesperConfig(_Model):
+    party_a: PartyAConfig | None = None
+    party_b: PartyBConfig | None = None
+    accountant: AccountantConfig | None = None
+    coordinator: CoordinatorConfig | None = None
+    run: RunConfig | None = None
+
+
+def load_config(path: Path) -> VesperConfig:
+    """Read and validate a TOML config file."""
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
+    return VesperConfig.model_validate(raw)
+
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``data['a']['b'] = value`` for ``dotted='a.b'``, creating sections as needed."""
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        data = data.setdefault(key, {})
+    data[leaf] = value
+
+
+class Metric(_Model):
+    name: str
+    value: float
+
+
+class RunSummary(_Model):
+    """What a finished run reports; ``vesper train --json-out`` writes exactly this."""
+
+    run_id: str
+    status: Literal["completed", "refused", "failed", "cancelled"]
+    message: str = ""
+    dataset: str
+    extractor: str
+    decoder: str
+    accounting: str
+    epsilon_budget: float
+    epsilon_spent: float
+    delta: float
+    accountant: str = ""
+    test_metric: Metric | None = None
+    val_metric: Metric | None = None
+    steps: int = 0
+    seconds: float = 0.0
+    noise_multiplier: float | None = None
+    noise_std: float | None = None
+    sensitivity: float | None = None
+    participation_bound: int | None = None
+    split: str = ""
+    status_url: str = ""
+    baseline: "RunSummary | None" = None

@@ -1,0 +1,144 @@
+"""Dataset files in the two ``.npz`` layouts of ``shared/data/README.md``.
+
+Each party opens the same kind of file but reads only its own arrays: party A the
+edges and features (:func:`load_graph_part`), party B the labels and split masks
+(:func:`load_label_part`). ``np.load`` on an ``.npz`` reads arrays lazily, so the
+other party's arrays are never loaded into memory.
+
+* ``pitfalls`` (Cora): scipy CSR parts ``adj_*`` and ``attr_*``, ``labels``.
+* ``heterophily`` (Tolokers, and vesper's synthetic graphs): ``node_features``,
+  ``node_labels``, ``edges`` (each undirected edge once), ``train/val/test_masks``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+Layout = Literal["pitfalls", "heterophily"]
+BUNDLED = ("cora",)
+
+_PITFALLS_KEYS = {"adj_data", "adj_indices", "adj_indptr", "adj_shape", "attr_data", "attr_indices", "attr_indptr", "attr_shape", "labels"}
+_HETEROPHILY_KEYS = {"node_features", "node_labels", "edges"}
+
+
+class DatasetError(ValueError):
+    """A dataset name or file cannot be used; the text says why."""
+
+
+def bundled_path(name: str) -> Path:
+    return Path(__file__).resolve().parent / "bundled" / f"{name}.npz"
+
+
+def resolve_dataset(name_or_path: str, aliases: dict[str, str] | None = None) -> Path:
+    """A party's file for a dataset: its own ``[datasets]`` entry, a bundled name, or a path."""
+    aliases = aliases or {}
+    if name_or_path in aliases:
+        path = Path(aliases[name_or_path]).expanduser()
+    elif name_or_path in BUNDLED:
+        path = bundled_path(name_or_path)
+    else:
+        path = Path(name_or_path).expanduser()
+    if not path.is_file():
+        known = ", ".join(sorted(set(BUNDLED) | set(aliases)))
+        raise DatasetError(
+            f"unknown dataset {name_or_path!r}: not a file, and not one of this party's "
+            f"datasets ({known})"
+        )
+    if path.suffix != ".npz":
+        raise DatasetError(f"dataset file {path} is not an .npz file")
+    return path
+
+
+def detect_layout(keys: set[str], path: Path) -> Layout:
+    if _PITFALLS_KEYS <= keys:
+        return "pitfalls"
+    if _HETEROPHILY_KEYS <= keys:
+        return "heterophily"
+    raise DatasetError(
+        f"{path} has neither layout: expected the keys {sorted(_PITFALLS_KEYS)} "
+        f"or {sorted(_HETEROPHILY_KEYS)}; found {sorted(keys)}"
+    )
+
+
+def _csr_to_dense(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, shape: np.ndarray) -> np.ndarray:
+    rows, cols = int(shape[0]), int(shape[1])
+    dense = np.zeros((rows, cols), dtype=np.float32)
+    row_of = np.repeat(np.arange(rows), np.diff(indptr))
+    dense[row_of, indices] = data
+    return dense
+
+
+@dataclass(frozen=True)
+class GraphPart:
+    """Party A's arrays: raw edges (possibly directed, duplicated or with self-loops)."""
+
+    num_nodes: int
+    edges: np.ndarray  # int64 [M, 2]
+    features: np.ndarray  # float32 [N, F]
+
+
+@dataclass(frozen=True)
+class LabelPart:
+    """Party B's arrays: labels, and the split masks when the file has them."""
+
+    labels: np.ndarray  # int64 [N]
+    masks: tuple[np.ndarray, np.ndarray, np.ndarray] | None  # bool [splits, N] each
+
+
+def _open(path: Path) -> tuple[np.lib.npyio.NpzFile, Layout]:
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise DatasetError(f"cannot read {path}: {exc}") from None
+    return archive, detect_layout(set(archive.files), path)
+
+
+def load_graph_part(path: Path) -> GraphPart:
+    archive, layout = _open(path)
+    with archive:
+        if layout == "pitfalls":
+            shape = archive["adj_shape"]
+            indptr = archive["adj_indptr"].astype(np.int64)
+            sources = np.repeat(np.arange(int(shape[0]), dtype=np.int64), np.diff(indptr))
+            edges = np.stack([sources, archive["adj_indices"].astype(np.int64)], axis=1)
+            features = _csr_to_dense(
+                archive["attr_data"], archive["attr_indices"], archive["attr_indptr"], archive["attr_shape"]
+            )
+        else:
+            edges = archive["edges"].astype(np.int64, copy=False)
+            features = archive["node_features"].astype(np.float32, copy=False)
+    num_nodes = features.shape[0]
+    if edges.ndim != 2 or edges.shape[1] != 2:
+        raise DatasetError(f"{path}: edges must have shape [M, 2], got {list(edges.shape)}")
+    if edges.size and (edges.min() < 0 or edges.max() >= num_nodes):
+        raise DatasetError(f"{path}: an edge names a node outside 0..{num_nodes - 1}")
+    if not np.isfinite(features).all():
+        raise DatasetError(f"{path}: node features contain NaN or Inf")
+    return GraphPart(num_nodes=num_nodes, edges=edges, features=features)
+
+
+def load_label_part(path: Path) -> LabelPart:
+    archive, layout = _open(path)
+    with archive:
+        if layout == "pitfalls":
+            labels = archive["labels"].astype(np.int64)
+            masks = None
+        else:
+            labels = archive["node_labels"].astype(np.int64)
+            names = ("train_masks", "val_masks", "test_masks")
+            masks = (
+                tuple(np.atleast_2d(archive[n]).astype(bool) for n in names)
+                if all(n in archive.files for n in names)
+                else None
+            )
+    if labels.ndim != 1 or labels.size == 0:
+        raise DatasetError(f"{path}: labels must be a non-empty vector")
+    if labels.min() < 0:
+        raise DatasetError(f"{path}: negative labels")
+    if masks is not None and any(m.shape[1] != labels.size for m in masks):
+        raise DatasetError(f"{path}: split masks do not match the {labels.size} labels")
+    return LabelPart(labels=labels, masks=masks)  # type: ignore[arg-type]

@@ -1,0 +1,80 @@
+"""How every vesper service runs a gRPC server: health, reflection, limits, clean stop."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+from concurrent import futures
+from pathlib import Path
+from typing import Callable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+log = logging.getLogger(__name__)
+
+Registration = tuple[Callable[[object, grpc.Server], None], object, str]
+
+
+def channel_options(max_message_mb: int) -> list[tuple[str, int]]:
+    size = max_message_mb * 1024 * 1024
+    return [
+        ("grpc.max_send_message_length", size),
+        ("grpc.max_receive_message_length", size),
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+    ]
+
+
+def start_server(listen: str, services: list[Registration], max_message_mb: int) -> tuple[grpc.Server, int]:
+    """Start a server with the given (add_to_server, servicer, full service name) triples.
+
+    Returns the server and the bound port (useful with port 0).
+    """
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=channel_options(max_message_mb))
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = []
+    for add, servicer, name in services:
+        add(servicer, server)
+        names.append(name)
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise OSError(f"cannot listen on {listen}")
+    server.start()
+    return server, port
+
+
+def host_of(listen: str) -> str:
+    return listen.rsplit(":", 1)[0]
+
+
+def write_ready_file(path: Path | None, **ports: int | str) -> None:
+    """Tell whoever started us where we listen (written atomically once serving)."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), **ports}))
+    tmp.replace(path)
+
+
+def wait_for_signal(stop: Callable[[], None]) -> None:
+    """Block until SIGINT or SIGTERM, then run ``stop``."""
+    done = threading.Event()
+
+    def handle(signum: int, _frame: object) -> None:
+        log.info("received signal %s, stopping", signum)
+        done.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+    done.wait()
+    stop()

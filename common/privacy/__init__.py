@@ -1,0 +1,1 @@
+"""Privacy math shared by the accountant and anyone auditing it: DpEvents, ε, ledger rules."""

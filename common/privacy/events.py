@@ -1,0 +1,104 @@
+"""DpEvents as canonical JSON, so a ledger row stores exactly what was charged.
+
+``{"type": "GaussianDpEvent", "noise_multiplier": 3.77}``; composite events nest
+(``ComposedDpEvent.events``, ``SelfComposedDpEvent.event``). Only the event types
+vesper can account for are accepted; anything else is an :class:`EventError`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import attr
+import dp_accounting as dpa
+
+
+class EventError(ValueError):
+    """A DpEvent in JSON is malformed or of a kind vesper does not account for."""
+
+
+_EVENT_TYPES: dict[str, type[dpa.DpEvent]] = {
+    cls.__name__: cls
+    for cls in (
+        dpa.NoOpDpEvent,
+        dpa.NonPrivateDpEvent,
+        dpa.GaussianDpEvent,
+        dpa.LaplaceDpEvent,
+        dpa.SelfComposedDpEvent,
+        dpa.ComposedDpEvent,
+        dpa.PoissonSampledDpEvent,
+    )
+}
+
+
+def _to_data(event: dpa.DpEvent) -> dict[str, Any]:
+    name = type(event).__name__
+    if name not in _EVENT_TYPES:
+        raise EventError(f"vesper does not account for {name}")
+    data: dict[str, Any] = {"type": name}
+    for field in attr.fields(type(event)):
+        value = getattr(event, field.name)
+        if isinstance(value, dpa.DpEvent):
+            value = _to_data(value)
+        elif isinstance(value, list):
+            value = [_to_data(v) for v in value]
+        data[field.name] = value
+    return data
+
+
+def event_to_json(event: dpa.DpEvent) -> str:
+    """Canonical JSON (sorted keys, no spaces): equal events give equal strings."""
+    return json.dumps(_to_data(event), sort_keys=True, separators=(",", ":"))
+
+
+def _number(data: dict[str, Any], key: str, *, low: float, high: float = math.inf) -> float:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise EventError(f"{data.get('type')}.{key} must be a number, got {value!r}")
+    if not math.isfinite(value) or not low <= value <= high:
+        raise EventError(f"{data.get('type')}.{key}={value} is outside [{low}, {high}]")
+    return float(value)
+
+
+def _from_data(data: Any) -> dpa.DpEvent:
+    if not isinstance(data, dict) or "type" not in data:
+        raise EventError(f"a DpEvent must be an object with a 'type', got {data!r}")
+    name = data["type"]
+    cls = _EVENT_TYPES.get(name)
+    if cls is None:
+        raise EventError(f"unknown or unsupported DpEvent type {name!r}")
+    expected = {"type"} | {f.name for f in attr.fields(cls)}
+    if set(data) != expected:
+        raise EventError(f"{name} needs exactly the fields {sorted(expected - {'type'})}")
+    if cls in (dpa.NoOpDpEvent, dpa.NonPrivateDpEvent):
+        return cls()
+    if cls is dpa.GaussianDpEvent:
+        return cls(noise_multiplier=_number(data, "noise_multiplier", low=0.0))
+    if cls is dpa.LaplaceDpEvent:
+        return cls(noise_multiplier=_number(data, "noise_multiplier", low=0.0))
+    if cls is dpa.PoissonSampledDpEvent:
+        return cls(
+            sampling_probability=_number(data, "sampling_probability", low=0.0, high=1.0),
+            event=_from_data(data["event"]),
+        )
+    if cls is dpa.SelfComposedDpEvent:
+        count = data["count"]
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise EventError(f"SelfComposedDpEvent.count must be a non-negative integer, got {count!r}")
+        return cls(event=_from_data(data["event"]), count=count)
+    if cls is dpa.ComposedDpEvent:
+        if not isinstance(data["events"], list):
+            raise EventError("ComposedDpEvent.events must be a list")
+        return cls(events=[_from_data(e) for e in data["events"]])
+    raise EventError(f"unsupported DpEvent type {name!r}")  # pragma: no cover
+
+
+def event_from_json(text: str) -> dpa.DpEvent:
+    """Parse and validate a DpEvent written by :func:`event_to_json`."""
+    try:
+        data = json.loads(text)
+    except (TypeError, json.JSONDecodeError) as exc:
+        raise EventError(f"DpEvent is not valid JSON: {exc}") from None
+    return _from_data(data)

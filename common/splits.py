@@ -1,0 +1,51 @@
+"""Train/validation/test splits of labelled nodes, made by party B.
+
+A file's own masks are used when it has them (split 0 unless told otherwise);
+otherwise a stratified split with a fixed, recorded seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from vesper.common.dataset_files import LabelPart
+
+FRACTIONS = (0.5, 0.25, 0.25)
+
+
+@dataclass(frozen=True)
+class Split:
+    train: np.ndarray  # sorted int64 node ids
+    val: np.ndarray
+    test: np.ndarray
+    description: str
+
+
+def stratified_split(labels: np.ndarray, seed: int, fractions: tuple[float, float, float] = FRACTIONS) -> Split:
+    """Per class, a seeded permutation cut into train/val/test by ``fractions``."""
+    rng = np.random.default_rng(seed)
+    parts: list[list[np.ndarray]] = [[], [], []]
+    for cls in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == cls))
+        n_train = int(round(fractions[0] * members.size))
+        n_val = int(round(fractions[1] * members.size))
+        parts[0].append(members[:n_train])
+        parts[1].append(members[n_train : n_train + n_val])
+        parts[2].append(members[n_train + n_val :])
+    train, val, test = (np.sort(np.concatenate(p)).astype(np.int64) for p in parts)
+    shares = "/".join(str(round(100 * f)) for f in fractions)
+    return Split(train, val, test, f"stratified {shares}, seed {seed}")
+
+
+def split_for(part: LabelPart, seed: int, index: int = 0) -> Split:
+    if part.masks is None:
+        return stratified_split(part.labels, seed)
+    train_m, val_m, test_m = (m[index] for m in part.masks)
+    return Split(
+        np.flatnonzero(train_m).astype(np.int64),
+        np.flatnonzero(val_m).astype(np.int64),
+        np.flatnonzero(test_m).astype(np.int64),
+        f"the file's split {index}",
+    )

@@ -1,0 +1,1 @@
+"""The coordinator: the ``vesper`` command line, which drives runs and reads budgets."""

@@ -1,0 +1,3 @@
+from vesper.coordinator.cli import main
+
+main()

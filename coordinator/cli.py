@@ -1,0 +1,363 @@
+"""``vesper``: serve the services, train, read budgets, run the demo."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from vesper.common.config import (
+    AccountantConfig,
+    PartyAConfig,
+    PartyBConfig,
+    RunConfig,
+    RunSummary,
+    VesperConfig,
+    load_config,
+    set_dotted,
+)
+
+app = typer.Typer(
+    help="vesper: train a GNN across two institutions with edge-level differential privacy.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+errors = Console(stderr=True)
+
+EXIT_CODES = {"completed": 0, "failed": 1, "refused": 3, "cancelled": 130}
+
+
+class Service(str, Enum):
+    party_a = "party-a"
+    party_b = "party-b"
+    accountant = "accountant"
+
+
+class Extractor(str, Enum):
+    mlp = "mlp"
+    pmp_gin = "pmp-gin"
+    pmp_gcn = "pmp-gcn"
+
+
+class Decoder(str, Enum):
+    concat = "concat"
+    gru = "gru"
+
+
+class Accounting(str, Enum):
+    visible_batch = "visible-batch"
+
+
+class WireDType(str, Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
+def _fail(message: str, code: int = 2) -> None:
+    errors.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _load(config: Path | None) -> VesperConfig:
+    if config is None:
+        return VesperConfig()
+    try:
+        return load_config(config)
+    except ValueError as exc:  # includes pydantic's ValidationError
+        _fail(f"{config}: {exc}")
+
+
+def _epsilon(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        _fail(f"--epsilon must be a number or inf, got {text!r}")
+    return value
+
+
+def _run_config(base: VesperConfig, overrides: dict[str, Any]) -> RunConfig:
+    data = base.run.model_dump(exclude_unset=True) if base.run else {}
+    for dotted, value in overrides.items():
+        if value is not None:
+            set_dotted(data, dotted, value.value if isinstance(value, Enum) else value)
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        _fail(f"invalid run configuration:\n{exc}")
+
+
+# shared run options of `train` and `demo` -------------------------------------------------------
+DatasetOpt = typer.Option(None, "--dataset", help="Bundled name (cora), a name from the parties' [datasets], or an .npz path.")
+ExtractorOpt = typer.Option(None, "--extractor", help="Party A's extractor.")
+DecoderOpt = typer.Option(None, "--decoder", help="Party B's decoder.")
+EpsilonOpt = typer.Option(None, "--epsilon", help="Edge-level ε budget; 'inf' = no noise and no budget.")
+EpochsOpt = typer.Option(None, "--epochs", help="Training epochs.", min=1)
+SeedOpt = typer.Option(None, "--seed", help="Root order and initialisation seed (not party A's noise).", min=0)
+AccountingOpt = typer.Option(None, "--accounting", help="Accounting mode (privacy.md of the project).")
+JsonOutOpt = typer.Option(None, "--json-out", help="Write the run summary as JSON to this file.")
+BatchOpt = typer.Option(None, "--batch-size", help="Roots per training step.", min=1)
+LayersOpt = typer.Option(None, "--layers", help="L, message-passing layers.", min=1)
+FanoutOpt = typer.Option(None, "--fanout", help="D, neighbours sampled per node and layer (0 = all).", min=0)
+DminOpt = typer.Option(None, "--d-min", help="D_min of truncated PMP-GCN.", min=0)
+LrOpt = typer.Option(None, "--lr", help="Learning rate of both parties.")
+NoiseOpt = typer.Option(None, "--noise-multiplier", help="Fix z = noise std / sensitivity instead of calibrating it to ε.")
+WireOpt = typer.Option(None, "--wire-dtype", help="Dtype of tensors on the wire.")
+
+
+def _overrides(**kw: Any) -> dict[str, Any]:
+    return {
+        "dataset": kw["dataset"],
+        "extractor.name": kw["extractor"],
+        "decoder.kind": kw["decoder"],
+        "privacy.epsilon": _epsilon(kw["epsilon"]),
+        "privacy.accounting": kw["accounting"],
+        "epochs": kw["epochs"],
+        "seed": kw["seed"],
+        "batch_size": kw["batch_size"],
+        "extractor.layers": kw["layers"],
+        "extractor.fanout": kw["fanout"],
+        "extractor.d_min": kw["d_min"],
+        "optimizer.lr": kw["lr"],
+        "extractor.noise_multiplier": kw["noise_multiplier"],
+        "wire_dtype": kw["wire_dtype"],
+    }
+
+
+def _fmt_eps(value: float) -> str:
+    return "∞" if math.isinf(value) else f"{value:.4f}"
+
+
+def _metric_text(summary: RunSummary) -> str:
+    if summary.test_metric is None:
+        return "-"
+    return f"{summary.test_metric.value:.4f}"
+
+
+def print_summaries(summaries: list[RunSummary]) -> None:
+    table = Table(title="vesper runs")
+    for column in ("run", "status", "extractor", "decoder", "test metric", "val", "ε spent / budget", "δ", "steps", "s"):
+        table.add_column(column)
+    for s in summaries:
+        metric = f"{s.test_metric.name} {s.test_metric.value:.4f}" if s.test_metric else "-"
+        val = f"{s.val_metric.value:.4f}" if s.val_metric else "-"
+        table.add_row(
+            s.run_id, s.status, s.extractor, s.decoder, metric, val,
+            f"{_fmt_eps(s.epsilon_spent)} / {_fmt_eps(s.epsilon_budget)}", f"{s.delta:.3g}", str(s.steps), f"{s.seconds:.1f}",
+        )
+    console.print(table)
+    for s in summaries:
+        if s.status != "completed":
+            console.print(f"[bold]{s.run_id}[/] {s.status}: {s.message}", highlight=False)
+        noise = (
+            f"noise std θ={s.noise_std:.4g} (z={s.noise_multiplier:.4g}, step sensitivity {s.sensitivity:.4g}, N_e={s.participation_bound})"
+            if s.noise_multiplier else "no noise"
+        )
+        console.print(
+            f"[bold]{s.run_id}[/] ({s.extractor}): ε spent {_fmt_eps(s.epsilon_spent)} of {_fmt_eps(s.epsilon_budget)} "
+            f"at δ={s.delta:.3g}, {s.accounting} accounting, edge-level; {noise}", highlight=False,
+        )
+        console.print(f"  status: {s.status_url}", highlight=False)
+
+
+def _write_json(path: Path | None, summary: RunSummary) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(json.loads(summary.model_dump_json()), indent=2) + "\n")
+
+
+# commands ------------------------------------------------------------------------------------------
+@app.command()
+def serve(
+    service: Service = typer.Argument(..., help="Which service to run."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file with the service's section."),
+    listen: Optional[str] = typer.Option(None, "--listen", help="Override the gRPC listen address host:port."),
+    ready_file: Optional[Path] = typer.Option(None, "--ready-file", help="Write the bound ports here as JSON once serving."),
+    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+) -> None:
+    """Run party A, party B or the accountant until SIGINT/SIGTERM."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    cfg = _load(config)
+    section = service.value.replace("-", "_")
+    settings = getattr(cfg, section)
+    if settings is None:
+        if config is not None:
+            _fail(f"{config} has no [{section}] section")
+        settings = {"party_a": PartyAConfig, "party_b": PartyBConfig, "accountant": AccountantConfig}[section]()
+    if listen:
+        settings = settings.model_copy(update={"listen": listen})
+    if service is Service.party_a:
+        from vesper.party_a.service import serve as serve_party_a
+
+        serve_party_a(settings, ready_file)
+    elif service is Service.party_b:
+        from vesper.party_b.service import serve as serve_party_b
+
+        serve_party_b(settings, ready_file)
+    else:
+        from vesper.accountant.server import serve as serve_accountant
+
+        serve_accountant(settings, ready_file)
+
+
+@app.command()
+def train(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file with [run] and [coordinator]."),
+    party_a: Optional[str] = typer.Option(None, "--party-a", help="Party A's gRPC address (default: [coordinator].party_a)."),
+    dataset: Optional[str] = DatasetOpt,
+    extractor: Optional[Extractor] = ExtractorOpt,
+    decoder: Optional[Decoder] = DecoderOpt,
+    epsilon: Optional[str] = EpsilonOpt,
+    epochs: Optional[int] = EpochsOpt,
+    seed: Optional[int] = SeedOpt,
+    accounting: Optional[Accounting] = AccountingOpt,
+    batch_size: Optional[int] = BatchOpt,
+    layers: Optional[int] = LayersOpt,
+    fanout: Optional[int] = FanoutOpt,
+    d_min: Optional[int] = DminOpt,
+    lr: Optional[float] = LrOpt,
+    noise_multiplier: Optional[float] = NoiseOpt,
+    wire_dtype: Optional[WireDType] = WireOpt,
+    json_out: Optional[Path] = JsonOutOpt,
+) -> None:
+    """Train one run against running services, with a live progress bar."""
+    from vesper.coordinator.run_client import RunClientError, drive_run
+
+    cfg = _load(config)
+    run = _run_config(cfg, _overrides(**locals()))
+    address = party_a or (cfg.coordinator.party_a if cfg.coordinator else "127.0.0.1:50051")
+    try:
+        summary = drive_run(address, run, console)
+    except RunClientError as exc:
+        _fail(str(exc), 1)
+    print_summaries([summary])
+    _write_json(json_out, summary)
+    raise typer.Exit(EXIT_CODES[summary.status])
+
+
+@app.command()
+def status(
+    run_id: Optional[str] = typer.Argument(None, help="A run id; without it, list all runs."),
+    url: Optional[str] = typer.Option(None, "--url", help="The accountant's REST base URL (default: [coordinator].accountant_status_url)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file with [coordinator]."),
+    ledger_file: Optional[Path] = typer.Option(None, "--ledger", help="Read a ledger file directly instead of the REST endpoint."),
+    verify: bool = typer.Option(False, "--verify", help="Recompute ε locally from the run's ledger and compare."),
+    as_json: bool = typer.Option(False, "--json", help="Print the accountant's JSON instead of a table."),
+) -> None:
+    """Read privacy budgets from the accountant's REST status endpoint."""
+    from vesper.coordinator import status_client
+
+    cfg = _load(config)
+    base = url or (cfg.coordinator.accountant_status_url if cfg.coordinator else "http://127.0.0.1:8080")
+    if ledger_file is not None:
+        if not ledger_file.is_file():
+            _fail(f"no ledger file at {ledger_file}")
+        base = status_client.LedgerFile(ledger_file)
+    try:
+        if run_id is None:
+            runs = status_client.list_runs(base)
+            if as_json:
+                console.print_json(json.dumps([json.loads(r.model_dump_json()) for r in runs]))
+                return
+            table = Table(title=f"runs at {base}")
+            for column in ("run", "status", "extractor", "accounting", "ε spent / budget", "δ", "charges"):
+                table.add_column(column)
+            for r in runs:
+                table.add_row(r.run_id, r.status, r.extractor, r.accounting,
+                              f"{_fmt_eps(r.epsilon_spent)} / {_fmt_eps(r.epsilon_budget)}", f"{r.delta:.3g}", str(r.charges))
+            console.print(table)
+            return
+        view = status_client.run_status(base, run_id)
+        if as_json:
+            console.print_json(view.model_dump_json())
+        else:
+            console.print(f"[bold]run {view.run_id}[/] ({view.status}) — {view.extractor}, privacy unit: {view.privacy_unit}", highlight=False)
+            console.print(
+                f"ε spent {_fmt_eps(view.epsilon_spent)} of {_fmt_eps(view.epsilon_budget)} at δ={view.delta:.3g} "
+                f"({view.accountant}); {view.charges} charges, {view.counted_charges} counted, N_e={view.participation_bound}",
+                highlight=False,
+            )
+            console.print(f"accounting: {view.assumption}", highlight=False)
+            if view.closed_reason:
+                console.print(f"closed: {view.closed_reason}", highlight=False)
+        if verify:
+            result = status_client.verify(base, run_id)
+            if result.consistent:
+                console.print(
+                    f"verified: ε recomputed from {result.charges} ledger rows ({result.counted} counted) = "
+                    f"{_fmt_eps(result.epsilon)} ({result.accountant}), as recorded", highlight=False,
+                )
+            else:
+                _fail("ledger does not replay: " + "; ".join(result.problems), 4)
+    except status_client.StatusError as exc:
+        _fail(str(exc), 1)
+
+
+@app.command()
+def demo(
+    dataset: Optional[str] = DatasetOpt,
+    extractor: Optional[Extractor] = ExtractorOpt,
+    decoder: Optional[Decoder] = DecoderOpt,
+    epsilon: Optional[str] = EpsilonOpt,
+    epochs: Optional[int] = EpochsOpt,
+    seed: Optional[int] = SeedOpt,
+    accounting: Optional[Accounting] = AccountingOpt,
+    batch_size: Optional[int] = BatchOpt,
+    layers: Optional[int] = LayersOpt,
+    fanout: Optional[int] = FanoutOpt,
+    d_min: Optional[int] = DminOpt,
+    lr: Optional[float] = LrOpt,
+    noise_multiplier: Optional[float] = NoiseOpt,
+    wire_dtype: Optional[WireDType] = WireOpt,
+    json_out: Optional[Path] = JsonOutOpt,
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file with a [run] section to start from."),
+    workdir: Path = typer.Option(Path(".vesper/demo"), "--workdir", help="Configs, logs, ledger and models of the demo."),
+    baseline: bool = typer.Option(True, "--baseline/--no-baseline", help="Also train the MLP extractor (no edges) to compare."),
+    keep_serving: bool = typer.Option(False, "--keep-serving", help="Leave the services running until Ctrl-C."),
+) -> None:
+    """Start the three services on loopback, train, evaluate, report, shut down."""
+    from vesper.coordinator.processes import LocalCluster, ServiceStartError
+    from vesper.coordinator.run_client import RunClientError, drive_run
+
+    cfg = _load(config)
+    run = _run_config(cfg, _overrides(**locals()))
+    console.print(f"starting the accountant, party B and party A on loopback (logs in {workdir / 'logs'})")
+    try:
+        with LocalCluster(workdir.resolve()) as cluster:
+            console.print(f"accountant status: {cluster.status_url}/v1/runs", highlight=False)
+            summary = drive_run(cluster.party_a_address, run, console)
+            if baseline and run.extractor.name != "mlp":
+                mlp = run.model_copy(update={"extractor": run.extractor.model_copy(update={"name": "mlp"})})
+                summary = summary.model_copy(update={"baseline": drive_run(cluster.party_a_address, mlp, console)})
+            print_summaries([summary] + ([summary.baseline] if summary.baseline else []))
+            _write_json(json_out, summary)
+            if keep_serving:
+                console.print("services keep running; press Ctrl-C to stop them")
+                try:
+                    cluster.services["accountant"].process.wait()
+                except KeyboardInterrupt:
+                    pass
+            else:
+                console.print(
+                    f"the services stop now; the ledger stays in {cluster.ledger}. To read it again: "
+                    f"vesper status {summary.run_id} --ledger {cluster.ledger} --verify", highlight=False,
+                )
+    except (ServiceStartError, RunClientError) as exc:
+        _fail(str(exc), 1)
+    raise typer.Exit(EXIT_CODES[summary.status])
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,60 @@
+"""Drive one run at party A and show its progress live."""
+
+from __future__ import annotations
+
+import math
+
+import grpc
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from vesper.common.config import RunConfig, RunSummary
+from vesper.common.grpc_server import channel_options
+from vesper.proto.v1 import graph_party_pb2 as pb
+from vesper.proto.v1 import graph_party_pb2_grpc as pb_grpc
+
+
+class RunClientError(RuntimeError):
+    """Party A could not be reached or refused the run."""
+
+
+def _epsilon_text(value: float) -> str:
+    return "∞" if math.isinf(value) else f"{value:.4g}"
+
+
+def drive_run(party_a: str, config: RunConfig, console: Console) -> RunSummary:
+    """Start ``config`` at party A and follow it to its summary."""
+    request = pb.StartRunRequest(run_config_json=config.model_dump_json())
+    budget = _epsilon_text(config.privacy.epsilon)
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TextColumn("ε {task.fields[eps]} / " + budget),
+        TimeElapsedColumn(),
+    )
+    with grpc.insecure_channel(party_a, options=channel_options(16)) as channel:
+        call = pb_grpc.GraphPartyStub(channel).StartRun(request)
+        try:
+            with Progress(*columns, console=console, transient=False) as progress:
+                task = progress.add_task(f"{config.extractor.name} on {config.dataset}", total=None, loss="-", eps="0")
+                for event in call:
+                    if event.HasField("summary_json"):
+                        return RunSummary.model_validate_json(event.summary_json)
+                    p = event.progress
+                    if p.phase == "train":
+                        progress.update(
+                            task, total=p.total_steps, completed=p.step, loss=f"{p.loss:.4f}",
+                            eps=_epsilon_text(p.epsilon_spent), description=f"epoch {p.epoch}/{p.epochs}",
+                        )
+                    elif p.message:
+                        progress.update(task, description=p.message, eps=_epsilon_text(p.epsilon_spent))
+        except KeyboardInterrupt:
+            call.cancel()
+            raise
+        except grpc.RpcError as error:
+            if error.code() == grpc.StatusCode.UNAVAILABLE:
+                raise RunClientError(f"cannot reach party A at {party_a}: {error.details()}") from None
+            raise RunClientError(f"party A refused the run: {error.code().name}: {error.details()}") from None
+    raise RunClientError("party A ended the run without a summary")

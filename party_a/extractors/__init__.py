@@ -1,0 +1,1 @@
+"""Party A's private representation extractors (PRE)."""

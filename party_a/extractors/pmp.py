@@ -1,0 +1,138 @@
+"""Perturbed message passing (PMP): VESPER's private representation extractor.
+
+One layer l, for every node v the step computes (Algorithm 1 steps 7-9; Algorithm 2
+for the truncated GCN; docs/privacy.md section 2 for why vesper's form differs):
+
+    a_v    = Σ_{u ∈ N_s(v)} β_uv h_u^(l-1)            the edge-dependent aggregate
+    ǎ_v    = a_v + N(0, θ² I)                          the Gaussian mechanism (eq. 34's noise)
+    h_v^(l) = normalize(relu(W_self h_v^(l-1) + W_agg ǎ_v))
+
+* PMP-GIN: β_uv = 1.
+* PMP-GCN with truncated message passing: β_uv = 1[d̂_v ≥ D_min] / √((d̂_v+1)(d̂_u+1)),
+  d̂ = min(degree, D); nodes below D_min receive no messages (Algorithm 2, step 6),
+  only noise, and keep their own representation through W_self.
+* MLP: no aggregate, no edges, nothing to charge.
+
+Two deliberate differences from the paper, both needed for the guarantee to cover
+A's training loop (docs/privacy.md, section 2): the noise is added to the aggregate
+*before* the weight (W is post-processing, so the sensitivity does not depend on
+‖W‖_op), and no gradient flows through a_v (A's parameters then depend on the graph
+only through noisy aggregates, which the accountant has charged).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.parametrizations import spectral_norm
+
+from vesper.common.config import ExtractorConfig
+from vesper.party_a.encoder import MlpEncoder
+from vesper.party_a.sampler import Block, SampledSubgraph
+
+
+def gin_aggregate(block: Block, h_src: torch.Tensor) -> torch.Tensor:
+    """a_v = Σ_{u ∈ N_s(v)} h_u for the block's destination nodes."""
+    out = h_src.new_zeros(block.dst_count, h_src.shape[1])
+    return out.index_add_(0, block.edge_dst, h_src[block.edge_src])
+
+
+def gcn_aggregate(block: Block, h_src: torch.Tensor, capped_degree: torch.Tensor, d_min: int) -> torch.Tensor:
+    """a_v = 1[d̂_v ≥ D_min] Σ_{u ∈ N_s(v)} h_u / √((d̂_v+1)(d̂_u+1))  (eq. 33, neighbour part)."""
+    degree_dst = capped_degree[block.dst_nodes].to(h_src.dtype)
+    degree_src = capped_degree[block.src_nodes].to(h_src.dtype)
+    scale_dst = torch.rsqrt(degree_dst + 1) * (degree_dst >= d_min).to(h_src.dtype)
+    scale_src = torch.rsqrt(degree_src + 1)
+    weight = scale_dst[block.edge_dst] * scale_src[block.edge_src]
+    out = h_src.new_zeros(block.dst_count, h_src.shape[1])
+    return out.index_add_(0, block.edge_dst, h_src[block.edge_src] * weight[:, None])
+
+
+class PmpLayer(nn.Module):
+    """h_v^(l) = normalize(relu(W_self h_v^(l-1) + W_agg ǎ_v)); W_agg absent for MLP."""
+
+    def __init__(self, dim: int, aggregates: bool, use_spectral_norm: bool) -> None:
+        super().__init__()
+        wrap = spectral_norm if use_spectral_norm else (lambda module: module)
+        self.self_weight = wrap(nn.Linear(dim, dim))
+        self.agg_weight = wrap(nn.Linear(dim, dim, bias=False)) if aggregates else None
+
+    def forward(self, h_own: torch.Tensor, noisy_aggregate: torch.Tensor | None) -> torch.Tensor:
+        pre = self.self_weight(h_own)
+        if self.agg_weight is not None:
+            pre = pre + self.agg_weight(noisy_aggregate)
+        return F.normalize(F.relu(pre), dim=-1)
+
+
+class PmpExtractor(nn.Module):
+    """Encoder plus L PMP layers; returns the roots' embeddings of every layer, B x d x L."""
+
+    def __init__(self, config: ExtractorConfig, in_features: int, capped_degree: torch.Tensor | None) -> None:
+        super().__init__()
+        self.name = config.name
+        self.d_min = config.d_min
+        self.aggregates = config.name != "mlp"
+        if self.aggregates and capped_degree is None:
+            raise ValueError("a PMP extractor needs the graph's capped degrees")
+        self.register_buffer("capped_degree", capped_degree, persistent=False)
+        self.encoder = MlpEncoder(in_features, config.encoder_hidden, config.dim, config.dropout)
+        self.layers = nn.ModuleList(
+            PmpLayer(config.dim, self.aggregates, config.spectral_norm) for _ in range(config.layers)
+        )
+
+    def aggregate(self, block: Block, h_src: torch.Tensor) -> torch.Tensor:
+        """The pre-noise release a of one layer (what the sensitivity bounds)."""
+        if self.name == "pmp-gin":
+            return gin_aggregate(block, h_src)
+        return gcn_aggregate(block, h_src, self.capped_degree, self.d_min)
+
+    @torch.no_grad()
+    def noisy_aggregates(
+        self,
+        subgraph: SampledSubgraph,
+        features: torch.Tensor,
+        noise_std: float,
+        generator: torch.Generator | None,
+    ) -> list[torch.Tensor | None]:
+        """The mechanism: every read of the graph, each noised (Algorithm 1, steps 5-9).
+
+        Runs all L layers over the sampled subgraph and returns, per layer, the roots'
+        noisy aggregates ǎ. No gradient exists here, so nothing A learns later can
+        depend on an un-noised aggregate.
+        """
+        num_roots = subgraph.roots.numel()
+        h = self.encoder(features[subgraph.input_nodes])
+        noisy_roots: list[torch.Tensor | None] = []
+        for layer, block in zip(self.layers, subgraph.blocks):
+            noisy = None
+            if self.aggregates:
+                noisy = self.aggregate(block, h)
+                if noise_std > 0:
+                    noisy = noisy + noise_std * torch.randn(
+                        noisy.shape, generator=generator, device=noisy.device, dtype=noisy.dtype
+                    )
+            h = layer(h[: block.dst_count], noisy)
+            noisy_roots.append(None if noisy is None else noisy[:num_roots])
+        return noisy_roots
+
+    def forward(
+        self,
+        subgraph: SampledSubgraph,
+        features: torch.Tensor,
+        noise_std: float,
+        generator: torch.Generator | None,
+    ) -> torch.Tensor:
+        """B x d x L embeddings of the roots: post-processing of the noisy aggregates.
+
+        Each root's own chain h_r^(0) -> h_r^(1) -> ... -> h_r^(L) is recomputed with
+        gradient from its features and its noisy aggregates, so A's update (eq. 39)
+        flows into the encoder and both weights of every layer, never into the graph.
+        """
+        noisy = self.noisy_aggregates(subgraph, features, noise_std, generator)
+        h = self.encoder(features[subgraph.roots])
+        per_layer = []
+        for layer, aggregate in zip(self.layers, noisy):
+            h = layer(h, aggregate)
+            per_layer.append(h)
+        return torch.stack(per_layer, dim=-1)

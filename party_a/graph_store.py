@@ -1,0 +1,70 @@
+"""Party A's graph: symmetric CSR in torch tensors, self-loops and duplicates removed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class Graph:
+    """Undirected simple graph. Row v of the CSR lists v's neighbours in ascending order."""
+
+    indptr: torch.Tensor  # int64 [N + 1]
+    indices: torch.Tensor  # int64 [2 |E|]
+    num_nodes: int
+
+    @property
+    def num_edges(self) -> int:
+        """Undirected edges |E| (each stored twice in the CSR)."""
+        return int(self.indices.numel()) // 2
+
+    @property
+    def degree(self) -> torch.Tensor:
+        return self.indptr[1:] - self.indptr[:-1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.indices.device
+
+    def to(self, device: torch.device | str) -> "Graph":
+        return Graph(self.indptr.to(device), self.indices.to(device), self.num_nodes)
+
+    def neighbours(self, node: int) -> torch.Tensor:
+        return self.indices[int(self.indptr[node]) : int(self.indptr[node + 1])]
+
+
+def build_graph(edges: np.ndarray | torch.Tensor, num_nodes: int) -> Graph:
+    """Symmetrise ``edges`` ([M, 2] node pairs), drop self-loops and repeats, build CSR."""
+    pairs = torch.as_tensor(edges, dtype=torch.int64).reshape(-1, 2)
+    if pairs.numel() and (int(pairs.min()) < 0 or int(pairs.max()) >= num_nodes):
+        raise ValueError(f"an edge names a node outside 0..{num_nodes - 1}")
+    src = torch.cat([pairs[:, 0], pairs[:, 1]])
+    dst = torch.cat([pairs[:, 1], pairs[:, 0]])
+    keep = src != dst
+    # one int64 key per directed pair; unique() sorts by (src, dst)
+    keys = torch.unique(src[keep] * num_nodes + dst[keep])
+    src, dst = keys // num_nodes, keys % num_nodes
+    counts = torch.bincount(src, minlength=num_nodes)
+    indptr = torch.zeros(num_nodes + 1, dtype=torch.int64)
+    indptr[1:] = torch.cumsum(counts, 0)
+    return Graph(indptr=indptr, indices=dst.contiguous(), num_nodes=num_nodes)
+
+
+def add_edge(graph: Graph, u: int, v: int) -> Graph:
+    """The neighbouring graph with the undirected edge (u, v) added (tests and audits)."""
+    indptr, indices = graph.indptr.cpu(), graph.indices.cpu()
+    src = torch.repeat_interleave(torch.arange(graph.num_nodes), indptr[1:] - indptr[:-1])
+    edges = torch.stack([src, indices], 1)
+    return build_graph(torch.cat([edges, torch.tensor([[u, v]])]), graph.num_nodes).to(graph.device)
+
+
+def remove_edge(graph: Graph, u: int, v: int) -> Graph:
+    """The neighbouring graph with the undirected edge (u, v) removed (tests and audits)."""
+    indptr, indices = graph.indptr.cpu(), graph.indices.cpu()
+    src = torch.repeat_interleave(torch.arange(graph.num_nodes), indptr[1:] - indptr[:-1])
+    keep = ~(((src == u) & (indices == v)) | ((src == v) & (indices == u)))
+    edges = torch.stack([src[keep], indices[keep]], 1)
+    return build_graph(edges, graph.num_nodes).to(graph.device)

@@ -1,0 +1,228 @@
+"""Party A's clients for its two peers: party B (labels) and the accountant.
+
+Every failure of a peer becomes a :class:`PeerError` that says which peer, at which
+address, doing what, so the run ends with a message a user can act on. A refusal by
+the accountant is a :class:`BudgetRefused`: the run ends cleanly, nothing is sent.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from typing import Iterator
+
+import grpc
+
+from vesper.common.grpc_server import channel_options
+from vesper.proto.v1 import accountant_pb2 as acc_pb
+from vesper.proto.v1 import accountant_pb2_grpc as acc_grpc
+from vesper.proto.v1 import label_party_pb2 as lp_pb
+from vesper.proto.v1 import label_party_pb2_grpc as lp_grpc
+
+
+class PeerError(RuntimeError):
+    """A peer failed or answered something unusable."""
+
+
+class BudgetRefused(RuntimeError):
+    """The accountant refused a charge: the budget cannot cover it."""
+
+
+def _describe(error: grpc.RpcError) -> str:
+    return f"{error.code().name}: {error.details()}"
+
+
+class AccountantClient:
+    def __init__(self, address: str, timeout_s: float = 30.0) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._channel = grpc.insecure_channel(address, options=channel_options(16))
+        self._stub = acc_grpc.AccountantStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _call(self, what: str, method, request):
+        try:
+            return method(request, timeout=self.timeout_s)
+        except grpc.RpcError as error:
+            if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise BudgetRefused(error.details()) from None
+            raise PeerError(f"accountant at {self.address} failed to {what}: {_describe(error)}") from None
+
+    @staticmethod
+    def _plan(pass_sizes: list[int], participation_bound: int | None) -> acc_pb.ReleasePlan:
+        plan = acc_pb.ReleasePlan(pass_sizes=pass_sizes)
+        if participation_bound is not None:
+            plan.participation_bound = participation_bound
+        return plan
+
+    def calibrate(
+        self, pass_sizes: list[int], participation_bound: int | None, target_epsilon: float, delta: float
+    ) -> acc_pb.CalibrateReply:
+        request = acc_pb.CalibrateRequest(
+            mechanism="gaussian", plan=self._plan(pass_sizes, participation_bound),
+            target_epsilon=target_epsilon, delta=delta,
+        )
+        return self._call("calibrate the noise", self._stub.Calibrate, request)
+
+    def estimate(
+        self, release_event_json: str, pass_sizes: list[int], participation_bound: int | None, delta: float
+    ) -> acc_pb.EstimateReply:
+        request = acc_pb.EstimateRequest(
+            release_event_json=release_event_json, plan=self._plan(pass_sizes, participation_bound), delta=delta
+        )
+        return self._call("estimate the plan's epsilon", self._stub.Estimate, request)
+
+    def create_run(
+        self, run_id: str, epsilon_budget: float, delta: float, release_event_json: str,
+        participation_bound: int | None, extractor: str, accounting: str, details: dict,
+    ) -> acc_pb.RunStatus:
+        request = acc_pb.CreateRunRequest(
+            run_id=run_id, privacy_unit="edge", accounting=accounting, epsilon_budget=epsilon_budget,
+            delta=delta, release_event_json=release_event_json, extractor=extractor,
+            details_json=json.dumps(details),
+        )
+        if participation_bound is not None:
+            request.participation_bound = participation_bound
+        return self._call("create the run", self._stub.CreateRun, request)
+
+    def charge(
+        self, run_id: str, seq: int, pass_id: str, kind: str, num_nodes: int, release_event_json: str
+    ) -> acc_pb.ChargeReceipt:
+        request = acc_pb.ChargeRequest(
+            run_id=run_id, seq=seq, pass_id=pass_id, kind=kind, num_nodes=num_nodes,
+            release_event_json=release_event_json,
+        )
+        return self._call(f"charge release {seq}", self._stub.Charge, request)
+
+    def close_run(self, run_id: str, status: str, reason: str) -> acc_pb.RunStatus:
+        request = acc_pb.CloseRunRequest(run_id=run_id, status=status, reason=reason)
+        return self._call("close the run", self._stub.CloseRun, request)
+
+
+class TrainingStream:
+    """One training stream to B, in lockstep: send a step, wait for its reply.
+
+    Replies are read by a thread so that a silent B is noticed after ``timeout_s``.
+    """
+
+    _CLOSE = object()
+
+    def __init__(self, stub: lp_grpc.LabelPartyStub, address: str, timeout_s: float) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._requests: queue.Queue = queue.Queue()
+        self._replies: queue.Queue = queue.Queue()
+        self._call = stub.Train(self._request_iterator())
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _request_iterator(self) -> Iterator[lp_pb.TrainStep]:
+        while True:
+            item = self._requests.get()
+            if item is self._CLOSE:
+                return
+            yield item
+
+    def _read(self) -> None:
+        try:
+            for reply in self._call:
+                self._replies.put(reply)
+            self._replies.put(PeerError(f"party B at {self.address} closed the training stream"))
+        except grpc.RpcError as error:
+            self._replies.put(error)
+
+    def exchange(self, request: lp_pb.TrainStep) -> lp_pb.TrainStepReply:
+        self._requests.put(request)
+        try:
+            reply = self._replies.get(timeout=self.timeout_s)
+        except queue.Empty:
+            self._call.cancel()
+            raise PeerError(
+                f"party B at {self.address} did not answer step {request.step} within {self.timeout_s:g} s"
+            ) from None
+        if isinstance(reply, grpc.RpcError):
+            if reply.code() == grpc.StatusCode.UNAVAILABLE:
+                raise PeerError(
+                    f"party B at {self.address} vanished during step {request.step} ({_describe(reply)})"
+                )
+            raise PeerError(f"party B at {self.address} rejected step {request.step}: {_describe(reply)}")
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    def close(self) -> None:
+        self._requests.put(self._CLOSE)
+        self._reader.join(timeout=self.timeout_s)
+        if self._reader.is_alive():
+            self._call.cancel()
+
+
+class EvaluationStream:
+    """Evaluation chunks to B: A's thread charges each chunk, then hands it over here."""
+
+    _CLOSE = object()
+
+    def __init__(self, stub: lp_grpc.LabelPartyStub, address: str, timeout_s: float) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._requests: queue.Queue = queue.Queue()
+        self._future = stub.Evaluate.future(self._request_iterator())
+
+    def _request_iterator(self) -> Iterator[lp_pb.EvalChunk]:
+        while True:
+            item = self._requests.get()
+            if item is self._CLOSE:
+                return
+            yield item
+
+    def send(self, chunk: lp_pb.EvalChunk) -> None:
+        if self._future.done():
+            self.result()  # raises B's error
+        self._requests.put(chunk)
+
+    def result(self) -> lp_pb.EvalResult:
+        self._requests.put(self._CLOSE)
+        try:
+            return self._future.result(timeout=self.timeout_s)
+        except grpc.FutureTimeoutError:
+            self._future.cancel()
+            raise PeerError(f"party B at {self.address} did not finish the evaluation within {self.timeout_s:g} s") from None
+        except grpc.RpcError as error:
+            raise PeerError(f"party B at {self.address} failed the evaluation: {_describe(error)}") from None
+
+    def cancel(self) -> None:
+        self._requests.put(self._CLOSE)
+        self._future.cancel()
+
+
+class LabelPartyClient:
+    def __init__(self, address: str, max_message_mb: int, timeout_s: float) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._channel = grpc.insecure_channel(address, options=channel_options(max_message_mb))
+        self._stub = lp_grpc.LabelPartyStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def setup(self, request: lp_pb.SetupRunRequest) -> lp_pb.SetupRunReply:
+        try:
+            return self._stub.SetupRun(request, timeout=self.timeout_s)
+        except grpc.RpcError as error:
+            raise PeerError(f"party B at {self.address} refused the run set-up: {_describe(error)}") from None
+
+    def training(self) -> TrainingStream:
+        return TrainingStream(self._stub, self.address, self.timeout_s)
+
+    def evaluation(self) -> "EvaluationStream":
+        return EvaluationStream(self._stub, self.address, self.timeout_s)
+
+    def finish(self, run_id: str, status: str, reason: str) -> None:
+        """Best effort: B may be the reason the run ended."""
+        try:
+            self._stub.FinishRun(lp_pb.FinishRunRequest(run_id=run_id, status=status, reason=reason), timeout=10)
+        except grpc.RpcError:
+            pass

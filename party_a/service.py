@@ -1,0 +1,108 @@
+"""Party A's gRPC service (``vesper.v1.GraphParty``): the coordinator starts runs here.
+
+A run executes in a worker thread; its progress streams back to the coordinator,
+and the last event is the run's summary. If the coordinator disconnects, the run
+stops after the current step and is closed at the accountant as cancelled.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+import torch
+from pydantic import ValidationError
+
+from vesper.common.config import PartyAConfig, RunConfig
+from vesper.common.dataset_files import DatasetError, resolve_dataset
+from vesper.common.grpc_server import start_server, wait_for_signal, write_ready_file
+from vesper.party_a.peers import AccountantClient, LabelPartyClient
+from vesper.party_a.trainer import GraphData, GraphPartyRun, ProgressEvent
+from vesper.proto.v1 import graph_party_pb2 as pb
+from vesper.proto.v1 import graph_party_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+
+def _progress_message(event: ProgressEvent) -> pb.RunEvent:
+    return pb.RunEvent(progress=pb.Progress(
+        phase=event.phase, epoch=event.epoch, epochs=event.epochs, step=event.step,
+        total_steps=event.total_steps, loss=event.loss, epsilon_spent=event.epsilon_spent,
+        message=event.message,
+    ))
+
+
+class GraphPartyService(pb_grpc.GraphPartyServicer):
+    def __init__(self, settings: PartyAConfig) -> None:
+        self.settings = settings
+        self.device = torch.device(settings.device)
+        self._data: dict[Path, GraphData] = {}
+        self._lock = threading.Lock()
+
+    def _load(self, path: Path) -> GraphData:
+        with self._lock:
+            key = path.resolve()
+            if key not in self._data:
+                log.info("loading graph %s onto %s", path, self.device)
+                self._data[key] = GraphData.load(path, self.device)
+            return self._data[key]
+
+    def StartRun(self, request: pb.StartRunRequest, context: grpc.ServicerContext) -> Iterator[pb.RunEvent]:
+        try:
+            config = RunConfig.model_validate_json(request.run_config_json)
+        except ValidationError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid run configuration: {exc}")
+        try:
+            data = self._load(resolve_dataset(config.dataset, self.settings.datasets))
+        except DatasetError as exc:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"party A: {exc}")
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"party A cannot load {config.dataset!r}: {exc}")
+
+        events: queue.Queue = queue.Queue()
+        label_party = LabelPartyClient(self.settings.label_party, self.settings.max_message_mb, self.settings.step_timeout_s)
+        accountant = AccountantClient(self.settings.accountant)
+        run = GraphPartyRun(
+            config, self.settings, data, label_party, accountant,
+            report=events.put, cancelled=lambda: not context.is_active(),
+        )
+
+        def work() -> None:
+            try:
+                events.put(run.execute())
+            except Exception as exc:  # a bug, not a peer failure: still end the stream clearly
+                log.exception("run %s crashed", run.run_id)
+                events.put(exc)
+            finally:
+                label_party.close()
+                accountant.close()
+
+        log.info("run %s: %s on %s, epsilon=%s", run.run_id, config.extractor.name, config.dataset, config.privacy.epsilon)
+        worker = threading.Thread(target=work, name=f"run-{run.run_id}", daemon=True)
+        worker.start()
+        while True:
+            event = events.get()
+            if isinstance(event, ProgressEvent):
+                yield _progress_message(event)
+            elif isinstance(event, Exception):
+                context.abort(grpc.StatusCode.INTERNAL, f"run {run.run_id} crashed in party A: {event!r}")
+            else:
+                log.info("run %s %s: %s", run.run_id, event.status, event.message)
+                yield pb.RunEvent(summary_json=event.model_dump_json())
+                return
+
+
+def serve(settings: PartyAConfig, ready_file: Path | None = None) -> None:
+    name = pb.DESCRIPTOR.services_by_name["GraphParty"].full_name
+    server, port = start_server(
+        settings.listen, [(pb_grpc.add_GraphPartyServicer_to_server, GraphPartyService(settings), name)],
+        settings.max_message_mb,
+    )
+    log.info("party A serving on port %d (device %s); party B at %s, accountant at %s",
+             port, settings.device, settings.label_party, settings.accountant)
+    write_ready_file(ready_file, grpc_port=port)
+    wait_for_signal(lambda: server.stop(grace=5).wait())

@@ -1,0 +1,393 @@
+"""Party A's side of one run: VESPER's Algorithm 3 with write-ahead charging.
+
+    set-up   B tells A the split; A plans its releases, the accountant calibrates θ
+    train    per step: sample roots' subgraphs, encode, PMP (noise θ), charge, send
+             B x d x L to B, receive dLoss/dH, update encoder and extractor
+    evaluate per chunk of validation/test nodes: PMP, charge, send; B returns metrics
+
+Nothing leaves A before the accountant has committed its charge, and a refused
+charge ends the run cleanly without sending. The run's plan (epochs x steps plus one
+evaluation sweep) is exactly what is charged, so a calibrated run ends with
+ε spent = the calibrated ε ≤ budget.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import dp_accounting as dpa
+import torch
+
+from vesper.common.config import Metric, PartyAConfig, RunConfig, RunSummary
+from vesper.common.dataset_files import load_graph_part
+from vesper.common.optim import build_optimizer
+from vesper.common.privacy.events import event_to_json
+from vesper.common.wire import WireError, decode_tensor, dtype_to_proto, encode_tensor
+from vesper.party_a.extractors.pmp import PmpExtractor
+from vesper.party_a.extractors.sensitivity import participation_bound, step_sensitivity
+from vesper.party_a.graph_store import Graph, build_graph
+from vesper.party_a.peers import AccountantClient, BudgetRefused, LabelPartyClient, PeerError
+from vesper.party_a.sampler import NeighbourSampler, SampledSubgraph, edgeless_subgraph
+from vesper.proto.v1 import label_party_pb2 as lp_pb
+
+
+@dataclass(frozen=True)
+class GraphData:
+    """What party A loads once per dataset: its graph and its node features."""
+
+    graph: Graph
+    features: torch.Tensor
+
+    @classmethod
+    def load(cls, path: Path, device: torch.device) -> "GraphData":
+        part = load_graph_part(path)
+        graph = build_graph(part.edges, part.num_nodes).to(device)
+        return cls(graph, torch.from_numpy(part.features).to(device))
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    phase: str
+    epoch: int = 0
+    epochs: int = 0
+    step: int = 0
+    total_steps: int = 0
+    loss: float = math.nan
+    epsilon_spent: float = 0.0
+    message: str = ""
+
+
+class Cancelled(RuntimeError):
+    """The coordinator went away; the run stops after the current step."""
+
+
+@dataclass(frozen=True)
+class ReleasePlan:
+    train_ids: torch.Tensor
+    val_ids: torch.Tensor
+    test_ids: torch.Tensor
+    steps_per_epoch: int
+    eval_chunks: int
+
+    def pass_sizes(self, epochs: int) -> list[int]:
+        return [self.steps_per_epoch] * epochs + [self.eval_chunks]
+
+
+@dataclass(frozen=True)
+class Release:
+    """How each release is privatised and what it is charged."""
+
+    event: dpa.DpEvent
+    noise_multiplier: float | None
+    noise_std: float
+    sensitivity: float
+    participation_bound: int | None
+
+    @property
+    def event_json(self) -> str:
+        return event_to_json(self.event)
+
+
+def _secret_generators(settings: PartyAConfig, run_seed: int, device: torch.device) -> tuple[torch.Generator, torch.Generator]:
+    """Generators for neighbour sampling and noise, never derived from anything B knows."""
+    if settings.secret_seed is None:
+        base = int.from_bytes(os.urandom(8), "little") >> 1
+    else:
+        base = (settings.secret_seed * 1_000_003 + run_seed) % (1 << 62)
+    sampling = torch.Generator().manual_seed(base)
+    noise = torch.Generator(device=device).manual_seed(base ^ 0x5DEECE66D)
+    return sampling, noise
+
+
+class GraphPartyRun:
+    def __init__(
+        self,
+        config: RunConfig,
+        settings: PartyAConfig,
+        data: GraphData,
+        label_party: LabelPartyClient,
+        accountant: AccountantClient,
+        report: Callable[[ProgressEvent], None] = lambda event: None,
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.config = config
+        self.settings = settings
+        self.data = data
+        self.device = data.features.device
+        self.label_party = label_party
+        self.accountant = accountant
+        self.report = report
+        self.cancelled = cancelled
+        self.run_id = uuid.uuid4().hex[:12]
+        self.delta = config.privacy.delta or 1.0 / max(2, data.graph.num_edges)
+        self.seq = 0
+        self.epsilon_spent = 0.0
+        self.steps_done = 0
+        self.status_url = f"{settings.accountant_status_url.rstrip('/')}/v1/runs/{self.run_id}"
+        self.sampling_generator, self.noise_generator = _secret_generators(settings, config.seed, self.device)
+
+    # -- the run -------------------------------------------------------------------------------
+    def execute(self) -> RunSummary:
+        started = time.monotonic()
+        cfg = self.config
+        summary = RunSummary(
+            run_id=self.run_id, status="failed", dataset=cfg.dataset, extractor=cfg.extractor.name,
+            decoder=cfg.decoder.kind, accounting=cfg.privacy.accounting, epsilon_budget=cfg.privacy.epsilon,
+            epsilon_spent=0.0, delta=self.delta, status_url=self.status_url,
+        )
+        b_ready = run_created = False
+        try:
+            reply = self._setup_label_party()
+            b_ready = True
+            plan = self._plan(reply)
+            release = self._release(plan)
+            summary = summary.model_copy(update={
+                "split": reply.split, "noise_multiplier": release.noise_multiplier, "noise_std": release.noise_std,
+                "sensitivity": release.sensitivity, "participation_bound": release.participation_bound,
+            })
+            self._create_run(plan, release, reply.split)
+            run_created = True
+            model, optimizer = self._build_model()
+            self._train(plan, release, model, optimizer)
+            metrics = self._evaluate(plan, release, model)
+            self._save(model, optimizer)
+            summary = summary.model_copy(update={
+                "status": "completed",
+                "test_metric": metrics.get("test"),
+                "val_metric": metrics.get("val"),
+                "message": "completed",
+            })
+        except BudgetRefused as exc:
+            summary = summary.model_copy(update={"status": "refused", "message": f"refused by the accountant: {exc}"})
+        except Cancelled:
+            summary = summary.model_copy(update={"status": "cancelled", "message": "cancelled by the coordinator"})
+        except (PeerError, ValueError) as exc:
+            summary = summary.model_copy(update={"status": "failed", "message": str(exc)})
+        finally:
+            status = summary.status
+            if run_created:
+                try:
+                    closed = self.accountant.close_run(self.run_id, status, summary.message)
+                    self.epsilon_spent = closed.epsilon_spent
+                    summary = summary.model_copy(update={"accountant": closed.accountant})
+                except PeerError as exc:
+                    summary = summary.model_copy(update={"message": f"{summary.message}; {exc}"})
+            if b_ready:
+                self.label_party.finish(self.run_id, status, summary.message)
+        summary = summary.model_copy(update={
+            "epsilon_spent": self.epsilon_spent, "steps": self.steps_done,
+            "seconds": round(time.monotonic() - started, 3),
+        })
+        self._write_summary(summary)
+        return summary
+
+    # -- set-up ------------------------------------------------------------------------------
+    def _setup_label_party(self) -> lp_pb.SetupRunReply:
+        cfg = self.config
+        self.report(ProgressEvent("setup", message=f"setting up run {self.run_id} with party B"))
+        request = lp_pb.SetupRunRequest(
+            run_id=self.run_id,
+            dataset=cfg.dataset,
+            decoder=lp_pb.DecoderSpec(kind=cfg.decoder.kind, hidden_dim=cfg.decoder.hidden_dim, dropout=cfg.decoder.dropout),
+            optimizer=lp_pb.OptimizerSpec(name=cfg.optimizer.name, lr=cfg.optimizer.lr, weight_decay=cfg.optimizer.weight_decay),
+            seed=cfg.seed,
+            budget=lp_pb.Budget(
+                epsilon=cfg.privacy.epsilon, delta=self.delta, accounting=cfg.privacy.accounting,
+                status_url=self.status_url,
+            ),
+            embedding_dim=cfg.extractor.dim,
+            num_layers=cfg.extractor.layers,
+            wire_dtype=dtype_to_proto(cfg.wire_dtype),
+            split_seed=cfg.split_seed,
+        )
+        return self.label_party.setup(request)
+
+    def _plan(self, reply: lp_pb.SetupRunReply) -> ReleasePlan:
+        num_nodes = self.data.graph.num_nodes
+        if reply.num_nodes != num_nodes:
+            raise ValueError(
+                f"node ids are not aligned: party B's labels cover {reply.num_nodes} nodes, "
+                f"party A's graph has {num_nodes}"
+            )
+        ids = {}
+        for name in ("train", "val", "test"):
+            values = torch.tensor(list(getattr(reply, f"{name}_ids")), dtype=torch.int64)
+            if values.numel() and (int(values.min()) < 0 or int(values.max()) >= num_nodes):
+                raise ValueError(f"party B's {name} split names a node outside 0..{num_nodes - 1}")
+            if torch.unique(values).numel() != values.numel():
+                raise ValueError(f"party B's {name} split repeats node ids")
+            ids[name] = values
+        if ids["train"].numel() == 0 or ids["test"].numel() == 0:
+            raise ValueError("party B's split has no training or no test nodes")
+        chunk = self.config.eval_chunk
+        return ReleasePlan(
+            train_ids=ids["train"],
+            val_ids=ids["val"],
+            test_ids=ids["test"],
+            steps_per_epoch=math.ceil(ids["train"].numel() / self.config.batch_size),
+            eval_chunks=math.ceil(ids["val"].numel() / chunk) + math.ceil(ids["test"].numel() / chunk),
+        )
+
+    def _release(self, plan: ReleasePlan) -> Release:
+        """Choose each release's DpEvent: calibrated Gaussian, fixed Gaussian, none, or no-op."""
+        cfg, ex = self.config, self.config.extractor
+        sensitivity = step_sensitivity(ex.name, ex.layers, ex.fanout, ex.d_min)
+        bound = participation_bound(ex.name, ex.layers, ex.fanout)
+        epsilon = cfg.privacy.epsilon
+        if ex.name == "mlp":
+            return Release(dpa.NoOpDpEvent(), None, 0.0, 0.0, bound)
+        if math.isinf(epsilon):
+            return Release(dpa.NonPrivateDpEvent(), None, 0.0, sensitivity, bound)
+        passes = plan.pass_sizes(cfg.epochs)
+        if ex.noise_multiplier is not None:
+            z = ex.noise_multiplier
+            estimate = self.accountant.estimate(event_to_json(dpa.GaussianDpEvent(z)), passes, bound, self.delta)
+            if estimate.epsilon > epsilon:
+                raise BudgetRefused(
+                    f"the planned run ({estimate.counted_releases} counted releases at noise multiplier {z:g}) "
+                    f"needs epsilon {estimate.epsilon:.4g}, above the budget {epsilon:g}; nothing was sent"
+                )
+        else:
+            self.report(ProgressEvent("setup", message="calibrating the noise to the budget"))
+            z = self.accountant.calibrate(passes, bound, epsilon, self.delta).noise_multiplier
+        return Release(dpa.GaussianDpEvent(z), z, z * sensitivity, sensitivity, bound)
+
+    def _create_run(self, plan: ReleasePlan, release: Release, split: str) -> None:
+        cfg, ex = self.config, self.config.extractor
+        details = {
+            "dataset": cfg.dataset,
+            "split": split,
+            "layers": ex.layers,
+            "fanout": ex.fanout,
+            "d_min": ex.d_min,
+            "dim": ex.dim,
+            "sensitivity_per_step": release.sensitivity,
+            "noise_multiplier": release.noise_multiplier,
+            "noise_std": release.noise_std,
+            "epochs": cfg.epochs,
+            "steps_per_epoch": plan.steps_per_epoch,
+            "eval_chunks": plan.eval_chunks,
+            "derivation": "docs/privacy.md, sections 3 and 4",
+        }
+        self.accountant.create_run(
+            self.run_id, cfg.privacy.epsilon, self.delta, release.event_json, release.participation_bound,
+            ex.name, cfg.privacy.accounting, details,
+        )
+
+    def _build_model(self) -> tuple[PmpExtractor, torch.optim.Optimizer]:
+        ex = self.config.extractor
+        capped = self.data.graph.degree.clamp(max=ex.fanout) if ex.fanout else self.data.graph.degree
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.config.seed)
+            model = PmpExtractor(ex, self.data.features.shape[1], capped).to(self.device)
+        return model, build_optimizer(self.config.optimizer, model.parameters())
+
+    # -- releases ----------------------------------------------------------------------------
+    def _subgraph(self, roots: torch.Tensor, sampler: NeighbourSampler | None, generator: torch.Generator) -> SampledSubgraph:
+        roots = roots.to(self.device)
+        if sampler is None:
+            return edgeless_subgraph(roots, self.config.extractor.layers)
+        return sampler.sample(roots, sampler.layer_seeds(generator))
+
+    def _charge(self, release: Release, pass_id: str, kind: str, num_nodes: int) -> None:
+        receipt = self.accountant.charge(self.run_id, self.seq, pass_id, kind, num_nodes, release.event_json)
+        self.seq += 1
+        self.epsilon_spent = receipt.epsilon_spent
+
+    def _sampler(self) -> NeighbourSampler | None:
+        ex = self.config.extractor
+        return None if ex.name == "mlp" else NeighbourSampler(self.data.graph, ex.fanout, ex.layers)
+
+    def _train(self, plan: ReleasePlan, release: Release, model: PmpExtractor, optimizer: torch.optim.Optimizer) -> None:
+        cfg = self.config
+        root_order = torch.Generator().manual_seed(cfg.seed)
+        sampler = self._sampler()
+        total = plan.steps_per_epoch * cfg.epochs
+        shape_tail = (cfg.extractor.dim, cfg.extractor.layers)
+        stream = self.label_party.training()
+        try:
+            model.train()
+            for epoch in range(cfg.epochs):
+                order = plan.train_ids[torch.randperm(plan.train_ids.numel(), generator=root_order)]
+                for batch in order.split(cfg.batch_size):
+                    if self.cancelled():
+                        raise Cancelled()
+                    subgraph = self._subgraph(batch, sampler, self.sampling_generator)
+                    embeddings = model(subgraph, self.data.features, release.noise_std, self.noise_generator)
+                    self._charge(release, f"train-{epoch}", "train", batch.numel())
+                    reply = stream.exchange(lp_pb.TrainStep(
+                        run_id=self.run_id, step=self.steps_done, node_ids=batch.tolist(),
+                        embeddings=encode_tensor(embeddings, cfg.wire_dtype),
+                    ))
+                    gradient = self._check_reply(reply, (batch.numel(), *shape_tail))
+                    optimizer.zero_grad(set_to_none=True)
+                    embeddings.backward(gradient.to(self.device))
+                    optimizer.step()
+                    self.steps_done += 1
+                    self.report(ProgressEvent(
+                        "train", epoch + 1, cfg.epochs, self.steps_done, total, reply.loss, self.epsilon_spent
+                    ))
+        finally:
+            stream.close()
+
+    def _check_reply(self, reply: lp_pb.TrainStepReply, shape: tuple[int, ...]) -> torch.Tensor:
+        if reply.run_id != self.run_id or reply.step != self.steps_done:
+            raise PeerError(
+                f"party B answered run {reply.run_id!r} step {reply.step} to run {self.run_id!r} step {self.steps_done}"
+            )
+        if not math.isfinite(reply.loss):
+            raise PeerError(f"party B reported a non-finite loss at step {reply.step}")
+        try:
+            return decode_tensor(
+                reply.gradient, name="gradient", expected_shape=shape, expected_dtype=self.config.wire_dtype,
+                max_elements=self.settings.max_message_mb * 1024 * 1024 // 2,
+            )
+        except WireError as exc:
+            raise PeerError(f"party B sent an unusable gradient at step {reply.step}: {exc}") from None
+
+    @torch.no_grad()
+    def _evaluate(self, plan: ReleasePlan, release: Release, model: PmpExtractor) -> dict[str, Metric]:
+        cfg = self.config
+        sampler = self._sampler()
+        model.eval()
+        stream = self.label_party.evaluation()
+        try:
+            for split, ids in (("val", plan.val_ids), ("test", plan.test_ids)):
+                for chunk in ids.split(cfg.eval_chunk):
+                    if self.cancelled():
+                        raise Cancelled()
+                    self.report(ProgressEvent("eval", message=f"evaluating {split}", epsilon_spent=self.epsilon_spent))
+                    subgraph = self._subgraph(chunk, sampler, self.sampling_generator)
+                    embeddings = model(subgraph, self.data.features, release.noise_std, self.noise_generator)
+                    self._charge(release, "eval-0", "eval", chunk.numel())
+                    stream.send(lp_pb.EvalChunk(
+                        run_id=self.run_id, eval_id=0, split=split, node_ids=chunk.tolist(),
+                        embeddings=encode_tensor(embeddings, cfg.wire_dtype),
+                    ))
+            result = stream.result()
+        except BaseException:
+            stream.cancel()
+            raise
+        return {m.split: Metric(name=m.name, value=m.value) for m in result.metrics}
+
+    # -- records -------------------------------------------------------------------------------
+    def _run_dir(self) -> Path:
+        path = self.settings.workdir / "runs" / self.run_id
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _save(self, model: PmpExtractor, optimizer: torch.optim.Optimizer) -> None:
+        torch.save(
+            {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "config": self.config.model_dump(mode="json")},
+            self._run_dir() / "extractor.pt",
+        )
+
+    def _write_summary(self, summary: RunSummary) -> None:
+        (self._run_dir() / "summary.json").write_text(json.dumps(json.loads(summary.model_dump_json()), indent=2))

@@ -1,0 +1,94 @@
+"""One run at party B: decoder, optimiser, loss and metrics (Algorithm 3, lines 11-16)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from vesper.common.config import DecoderConfig, OptimizerConfig
+from vesper.common.optim import build_optimizer
+from vesper.common.wire import WireDType
+from vesper.party_b.decoders import build_decoder
+from vesper.party_b.label_data import LabelStore
+from vesper.party_b.metrics import compute_metric
+
+
+@dataclass
+class SplitScores:
+    node_ids: list[torch.Tensor] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)
+
+
+class LabelSession:
+    """State of one run at B. Not thread-safe by itself: the service holds ``lock``."""
+
+    def __init__(
+        self,
+        run_id: str,
+        store: LabelStore,
+        decoder: DecoderConfig,
+        optimizer: OptimizerConfig,
+        dim: int,
+        layers: int,
+        wire_dtype: WireDType,
+        seed: int,
+        device: torch.device,
+    ) -> None:
+        self.run_id = run_id
+        self.store = store
+        self.dim, self.layers, self.wire_dtype = dim, layers, wire_dtype
+        self.device = device
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.decoder = build_decoder(decoder, dim, layers, store.num_classes).to(device)
+        self.optimizer = build_optimizer(optimizer, self.decoder.parameters())
+        self.labels = store.labels.to(device)
+        self.train_mask = torch.zeros(store.num_nodes, dtype=torch.bool)
+        self.train_mask[torch.from_numpy(store.split.train)] = True
+        self.split_masks = {}
+        for name in ("val", "test"):
+            mask = torch.zeros(store.num_nodes, dtype=torch.bool)
+            mask[torch.from_numpy(getattr(store.split, name))] = True
+            self.split_masks[name] = mask
+        self.next_step = 0
+        self.lock = threading.Lock()
+        self.streaming = False
+        self.finished = False
+
+    def train_step(self, node_ids: torch.Tensor, embeddings: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """Decode, compute the loss (eq. 37), update the decoder, return dLoss/dEmbeddings (eq. 38)."""
+        self.decoder.train()
+        received = embeddings.to(self.device).requires_grad_(True)
+        loss = F.cross_entropy(self.decoder(received), self.labels[node_ids.to(self.device)])
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.next_step += 1
+        return received.grad.detach(), float(loss.detach())
+
+    @torch.no_grad()
+    def evaluate(self, scores: dict[str, SplitScores]) -> list[tuple[str, str, float, int]]:
+        """(split, metric name, value, number of nodes) for each split A sent."""
+        results = []
+        for split, collected in scores.items():
+            ids = torch.cat(collected.node_ids)
+            logits = torch.cat(collected.logits)
+            value = compute_metric(self.store.metric, logits, self.labels[ids.to(self.device)])
+            results.append((split, self.store.metric, value, int(ids.numel())))
+        return results
+
+    @torch.no_grad()
+    def logits(self, embeddings: torch.Tensor) -> torch.Tensor:
+        self.decoder.eval()
+        return self.decoder(embeddings.to(self.device))
+
+    def save(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        torch.save(
+            {"decoder": self.decoder.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.next_step},
+            directory / "decoder.pt",
+        )

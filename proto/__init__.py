@@ -1,0 +1,1 @@
+"""Wire contract of vesper (package ``vesper.v1``) and its generated Python code."""

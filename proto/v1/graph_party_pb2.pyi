@@ -1,0 +1,40 @@
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class StartRunRequest(_message.Message):
+    __slots__ = ("run_config_json",)
+    RUN_CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    run_config_json: str
+    def __init__(self, run_config_json: _Optional[str] = ...) -> None: ...
+
+class Progress(_message.Message):
+    __slots__ = ("phase", "epoch", "epochs", "step", "total_steps", "loss", "epsilon_spent", "message")
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_SPENT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    phase: str
+    epoch: int
+    epochs: int
+    step: int
+    total_steps: int
+    loss: float
+    epsilon_spent: float
+    message: str
+    def __init__(self, phase: _Optional[str] = ..., epoch: _Optional[int] = ..., epochs: _Optional[int] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., loss: _Optional[float] = ..., epsilon_spent: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...
+
+class RunEvent(_message.Message):
+    __slots__ = ("progress", "summary_json")
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_JSON_FIELD_NUMBER: _ClassVar[int]
+    progress: Progress
+    summary_json: str
+    def __init__(self, progress: _Optional[_Union[Progress, _Mapping]] = ..., summary_json: _Optional[str] = ...) -> None: ...

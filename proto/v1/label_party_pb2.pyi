@@ -1,0 +1,156 @@
+from vesper.proto.v1 import tensor_pb2 as _tensor_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DecoderSpec(_message.Message):
+    __slots__ = ("kind", "hidden_dim", "dropout")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_DIM_FIELD_NUMBER: _ClassVar[int]
+    DROPOUT_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    hidden_dim: int
+    dropout: float
+    def __init__(self, kind: _Optional[str] = ..., hidden_dim: _Optional[int] = ..., dropout: _Optional[float] = ...) -> None: ...
+
+class OptimizerSpec(_message.Message):
+    __slots__ = ("name", "lr", "weight_decay")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LR_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_DECAY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    lr: float
+    weight_decay: float
+    def __init__(self, name: _Optional[str] = ..., lr: _Optional[float] = ..., weight_decay: _Optional[float] = ...) -> None: ...
+
+class Budget(_message.Message):
+    __slots__ = ("epsilon", "delta", "accounting", "status_url")
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNTING_FIELD_NUMBER: _ClassVar[int]
+    STATUS_URL_FIELD_NUMBER: _ClassVar[int]
+    epsilon: float
+    delta: float
+    accounting: str
+    status_url: str
+    def __init__(self, epsilon: _Optional[float] = ..., delta: _Optional[float] = ..., accounting: _Optional[str] = ..., status_url: _Optional[str] = ...) -> None: ...
+
+class SetupRunRequest(_message.Message):
+    __slots__ = ("run_id", "dataset", "decoder", "optimizer", "seed", "budget", "embedding_dim", "num_layers", "wire_dtype", "split_seed")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    DECODER_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_DIM_FIELD_NUMBER: _ClassVar[int]
+    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    WIRE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_SEED_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    dataset: str
+    decoder: DecoderSpec
+    optimizer: OptimizerSpec
+    seed: int
+    budget: Budget
+    embedding_dim: int
+    num_layers: int
+    wire_dtype: _tensor_pb2.DType
+    split_seed: int
+    def __init__(self, run_id: _Optional[str] = ..., dataset: _Optional[str] = ..., decoder: _Optional[_Union[DecoderSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., seed: _Optional[int] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., embedding_dim: _Optional[int] = ..., num_layers: _Optional[int] = ..., wire_dtype: _Optional[_Union[_tensor_pb2.DType, str]] = ..., split_seed: _Optional[int] = ...) -> None: ...
+
+class SetupRunReply(_message.Message):
+    __slots__ = ("train_ids", "val_ids", "test_ids", "num_classes", "metric", "split", "num_nodes")
+    TRAIN_IDS_FIELD_NUMBER: _ClassVar[int]
+    VAL_IDS_FIELD_NUMBER: _ClassVar[int]
+    TEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_FIELD_NUMBER: _ClassVar[int]
+    NUM_NODES_FIELD_NUMBER: _ClassVar[int]
+    train_ids: _containers.RepeatedScalarFieldContainer[int]
+    val_ids: _containers.RepeatedScalarFieldContainer[int]
+    test_ids: _containers.RepeatedScalarFieldContainer[int]
+    num_classes: int
+    metric: str
+    split: str
+    num_nodes: int
+    def __init__(self, train_ids: _Optional[_Iterable[int]] = ..., val_ids: _Optional[_Iterable[int]] = ..., test_ids: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ..., metric: _Optional[str] = ..., split: _Optional[str] = ..., num_nodes: _Optional[int] = ...) -> None: ...
+
+class TrainStep(_message.Message):
+    __slots__ = ("run_id", "step", "node_ids", "embeddings")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    step: int
+    node_ids: _containers.RepeatedScalarFieldContainer[int]
+    embeddings: _tensor_pb2.Tensor
+    def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., node_ids: _Optional[_Iterable[int]] = ..., embeddings: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
+
+class TrainStepReply(_message.Message):
+    __slots__ = ("run_id", "step", "gradient", "loss")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    GRADIENT_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    step: int
+    gradient: _tensor_pb2.Tensor
+    loss: float
+    def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., gradient: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., loss: _Optional[float] = ...) -> None: ...
+
+class EvalChunk(_message.Message):
+    __slots__ = ("run_id", "eval_id", "split", "node_ids", "embeddings")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    EVAL_ID_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_FIELD_NUMBER: _ClassVar[int]
+    NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    eval_id: int
+    split: str
+    node_ids: _containers.RepeatedScalarFieldContainer[int]
+    embeddings: _tensor_pb2.Tensor
+    def __init__(self, run_id: _Optional[str] = ..., eval_id: _Optional[int] = ..., split: _Optional[str] = ..., node_ids: _Optional[_Iterable[int]] = ..., embeddings: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
+
+class Metric(_message.Message):
+    __slots__ = ("split", "name", "value", "count")
+    SPLIT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    split: str
+    name: str
+    value: float
+    count: int
+    def __init__(self, split: _Optional[str] = ..., name: _Optional[str] = ..., value: _Optional[float] = ..., count: _Optional[int] = ...) -> None: ...
+
+class EvalResult(_message.Message):
+    __slots__ = ("run_id", "eval_id", "metrics")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    EVAL_ID_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    eval_id: int
+    metrics: _containers.RepeatedCompositeFieldContainer[Metric]
+    def __init__(self, run_id: _Optional[str] = ..., eval_id: _Optional[int] = ..., metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ...) -> None: ...
+
+class FinishRunRequest(_message.Message):
+    __slots__ = ("run_id", "status", "reason")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    status: str
+    reason: str
+    def __init__(self, run_id: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class FinishRunReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
