@@ -59,7 +59,7 @@ class OptimizerConfig(_Model):
 
     name: Literal["adam", "sgd"] = "adam"
     lr: float = Field(0.01, gt=0, le=10)
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: float = Field(5e-4, ge=0)
 
 
 class PrivacyConfig(_Model):
@@ -86,7 +86,7 @@ class RunConfig(_Model):
     """One training run, sent by the coordinator to party A."""
 
     dataset: str = Field("cora", description="bundled name, a name from the parties' [datasets], or an .npz path")
-    epochs: int = Field(30, ge=1, le=100_000)
+    epochs: int = Field(50, ge=1, le=100_000)
     batch_size: int = Field(256, ge=1, le=1_000_000)
     seed: int = Field(0, ge=0, description="root order and parameter initialisation (not A's noise)")
     split_seed: int = Field(0, ge=0, description="seed of B's stratified split when the data has none")

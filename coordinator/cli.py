@@ -13,6 +13,7 @@ from typing import Any, Optional
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich import box
 from rich.table import Table
 
 from vesper.common.config import (
@@ -147,27 +148,34 @@ def _metric_text(summary: RunSummary) -> str:
 
 
 def print_summaries(summaries: list[RunSummary]) -> None:
-    table = Table(title="vesper runs")
-    for column in ("run", "status", "extractor", "decoder", "test metric", "val", "ε spent / budget", "δ", "steps", "s"):
+    table = Table(box=box.SIMPLE_HEAD)
+    for column in ("run", "extractor", "status", "test metric", "ε spent / budget", "steps", "time"):
         table.add_column(column)
     for s in summaries:
         metric = f"{s.test_metric.name} {s.test_metric.value:.4f}" if s.test_metric else "-"
-        val = f"{s.val_metric.value:.4f}" if s.val_metric else "-"
         table.add_row(
-            s.run_id, s.status, s.extractor, s.decoder, metric, val,
-            f"{_fmt_eps(s.epsilon_spent)} / {_fmt_eps(s.epsilon_budget)}", f"{s.delta:.3g}", str(s.steps), f"{s.seconds:.1f}",
+            s.run_id, s.extractor, s.status, metric,
+            f"{_fmt_eps(s.epsilon_spent)} / {_fmt_eps(s.epsilon_budget)}", str(s.steps), f"{s.seconds:.1f} s",
         )
     console.print(table)
     for s in summaries:
         if s.status != "completed":
             console.print(f"[bold]{s.run_id}[/] {s.status}: {s.message}", highlight=False)
-        noise = (
-            f"noise std θ={s.noise_std:.4g} (z={s.noise_multiplier:.4g}, step sensitivity {s.sensitivity:.4g}, N_e={s.participation_bound})"
-            if s.noise_multiplier else "no noise"
-        )
+        if s.extractor == "mlp":
+            noise = "reads no edges, so spends nothing"
+        elif s.noise_multiplier:
+            noise = (
+                f"noise std θ={s.noise_std:.4g} = z {s.noise_multiplier:.4g} × step sensitivity "
+                f"{s.sensitivity:.4g}, N_e={'every release' if s.participation_bound is None else s.participation_bound}"
+            )
+        else:
+            noise = "no noise"
+        val = f", val {s.val_metric.value:.4f}" if s.val_metric else ""
         console.print(
-            f"[bold]{s.run_id}[/] ({s.extractor}): ε spent {_fmt_eps(s.epsilon_spent)} of {_fmt_eps(s.epsilon_budget)} "
-            f"at δ={s.delta:.3g}, {s.accounting} accounting, edge-level; {noise}", highlight=False,
+            f"[bold]{s.run_id}[/] {s.extractor}+{s.decoder} on {s.dataset}{val}: edge-level ε spent "
+            f"{_fmt_eps(s.epsilon_spent)} of {_fmt_eps(s.epsilon_budget)} at δ={s.delta:.3g} "
+            f"({s.accounting}, {s.accountant or 'no charges'}); {noise}",
+            highlight=False,
         )
         console.print(f"  status: {s.status_url}", highlight=False)
 
@@ -357,6 +365,42 @@ def demo(
     except (ServiceStartError, RunClientError) as exc:
         _fail(str(exc), 1)
     raise typer.Exit(EXIT_CODES[summary.status])
+
+
+data_app = typer.Typer(help="Data sets: make synthetic graphs.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+
+
+class Profile(str, Enum):
+    dense = "dense"
+    sparse = "sparse"
+
+
+@data_app.command("synth")
+def data_synth(
+    out: Path = typer.Argument(..., help="Where to write the .npz (heterophily layout, like Tolokers)."),
+    nodes: int = typer.Option(2000, "--nodes", help="Number of nodes.", min=2),
+    profile: Profile = typer.Option(Profile.sparse, "--profile", help="dense: every node has edges; sparse: about half are isolated."),
+    mean_degree: Optional[float] = typer.Option(None, "--mean-degree", help="2|E|/N over all nodes (default: 40 dense, 2.2 sparse)."),
+    classes: int = typer.Option(2, "--classes", help="Number of classes.", min=2),
+    features: int = typer.Option(16, "--features", help="Feature dimension.", min=1),
+    homophily: float = typer.Option(0.8, "--homophily", help="Fraction of edges joining two nodes of the same class."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the generator.", min=0),
+) -> None:
+    """Generate a contextual stochastic block model graph with a chosen degree profile."""
+    from vesper.coordinator.synthetic import SyntheticSpec, generate, save_npz
+
+    try:
+        spec = SyntheticSpec(
+            num_nodes=nodes, num_classes=classes, num_features=features, profile=profile.value,
+            mean_degree=mean_degree, homophily=homophily, seed=seed,
+        )
+        graph = generate(spec)
+    except ValueError as exc:
+        _fail(str(exc))
+    save_npz(graph, out)
+    degree = 2 * graph.num_edges / graph.num_nodes
+    console.print(f"wrote {out}: {graph.num_nodes} nodes, {graph.num_edges} edges (mean degree {degree:.2f}), {classes} classes")
 
 
 def main() -> None:

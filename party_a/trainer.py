@@ -154,6 +154,7 @@ class GraphPartyRun:
             })
             self._create_run(plan, release, reply.split)
             run_created = True
+            self._check_plan_fits(plan, release)
             model, optimizer = self._build_model()
             self._train(plan, release, model, optimizer)
             metrics = self._evaluate(plan, release, model)
@@ -240,24 +241,27 @@ class GraphPartyRun:
         cfg, ex = self.config, self.config.extractor
         sensitivity = step_sensitivity(ex.name, ex.layers, ex.fanout, ex.d_min)
         bound = participation_bound(ex.name, ex.layers, ex.fanout)
-        epsilon = cfg.privacy.epsilon
         if ex.name == "mlp":
             return Release(dpa.NoOpDpEvent(), None, 0.0, 0.0, bound)
-        if math.isinf(epsilon):
+        if math.isinf(cfg.privacy.epsilon):
             return Release(dpa.NonPrivateDpEvent(), None, 0.0, sensitivity, bound)
-        passes = plan.pass_sizes(cfg.epochs)
         if ex.noise_multiplier is not None:
             z = ex.noise_multiplier
-            estimate = self.accountant.estimate(event_to_json(dpa.GaussianDpEvent(z)), passes, bound, self.delta)
-            if estimate.epsilon > epsilon:
-                raise BudgetRefused(
-                    f"the planned run ({estimate.counted_releases} counted releases at noise multiplier {z:g}) "
-                    f"needs epsilon {estimate.epsilon:.4g}, above the budget {epsilon:g}; nothing was sent"
-                )
         else:
             self.report(ProgressEvent("setup", message="calibrating the noise to the budget"))
-            z = self.accountant.calibrate(passes, bound, epsilon, self.delta).noise_multiplier
+            z = self.accountant.calibrate(plan.pass_sizes(cfg.epochs), bound, cfg.privacy.epsilon, self.delta).noise_multiplier
         return Release(dpa.GaussianDpEvent(z), z, z * sensitivity, sensitivity, bound)
+
+    def _check_plan_fits(self, plan: ReleasePlan, release: Release) -> None:
+        """Refuse, before anything is sent, a run whose planned releases exceed the budget."""
+        passes = plan.pass_sizes(self.config.epochs)
+        estimate = self.accountant.estimate(release.event_json, passes, release.participation_bound, self.delta)
+        if estimate.epsilon > self.config.privacy.epsilon:
+            raise BudgetRefused(
+                f"the planned run ({estimate.counted_releases} counted releases at noise multiplier "
+                f"{release.noise_multiplier:g}) needs epsilon {estimate.epsilon:.4g}, above the budget "
+                f"{self.config.privacy.epsilon:g}; nothing was sent"
+            )
 
     def _create_run(self, plan: ReleasePlan, release: Release, split: str) -> None:
         cfg, ex = self.config, self.config.extractor

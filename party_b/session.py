@@ -62,7 +62,7 @@ class LabelSession:
     def train_step(self, node_ids: torch.Tensor, embeddings: torch.Tensor) -> tuple[torch.Tensor, float]:
         """Decode, compute the loss (eq. 37), update the decoder, return dLoss/dEmbeddings (eq. 38)."""
         self.decoder.train()
-        received = embeddings.to(self.device).requires_grad_(True)
+        received = embeddings.detach().to(self.device).requires_grad_(True)
         loss = F.cross_entropy(self.decoder(received), self.labels[node_ids.to(self.device)])
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()

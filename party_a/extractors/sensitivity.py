@@ -14,12 +14,13 @@ one edge. Nothing here computes ε: the accountant does, from the DpEvent.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
-# Scan limit for fanout 0 (all neighbours): beyond it every term below is decreasing
-# in the degree (docs/privacy.md, section 3.3), so the maximum is attained inside.
-_FULL_NEIGHBOURHOOD_SCAN = 4096
+# Scan limit for fanout 0 (all neighbours): past the D_min boundary every term below
+# decreases in the degree (docs/privacy.md, section 3.3), so the maximum lies inside.
+_FULL_NEIGHBOURHOOD_SCAN = 1024
 
 
 def gin_layer_sensitivity(fanout: int) -> float:
@@ -46,7 +47,7 @@ def gcn_endpoint_terms(fanout: int, d_min: int) -> tuple[np.ndarray, np.ndarray,
     that samples it (eq. G5), non-zero only while the capped degree still grows (k < D).
     """
     capped = fanout > 0
-    top = fanout if capped else _FULL_NEIGHBOURHOOD_SCAN
+    top = fanout if capped else max(_FULL_NEIGHBOURHOOD_SCAN, 2 * d_min + 64)
     k = np.arange(0, top + 1, dtype=np.float64)
     c1 = float(_c(1))  # every sender has capped degree ≥ 1
     crossing = (k + 1) * _c(k + 1) * c1  # eq. G2: 0 -> a full aggregate of k+1 messages
@@ -60,6 +61,7 @@ def gcn_endpoint_terms(fanout: int, d_min: int) -> tuple[np.ndarray, np.ndarray,
     return k, receiver, delta
 
 
+@lru_cache(maxsize=256)
 def gcn_layer_sensitivity(fanout: int, d_min: int) -> float:
     """Truncated PMP-GCN, a_v = 1[d̂_v ≥ D_min] Σ_{u ∈ N_s(v)} h_u / √((d̂_v+1)(d̂_u+1)).
 

@@ -1,0 +1,32 @@
+# Set-up on a fresh machine is two commands: `make demo` and `make test`.
+# Both create .venv (Python 3.11) and install vesper into it the first time.
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_VERSION := 2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test proto check-proto clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# torch first and pinned: an unpinned torch would pull the CUDA build (gigabytes).
+	# On a GPU host, install your CUDA build of torch==$(TORCH_VERSION) into $(VENV) first.
+	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/vesper demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+proto: $(STAMP)
+	$(BIN)/python -m vesper.proto.generate
+
+check-proto: $(STAMP)
+	$(BIN)/python -m vesper.proto.generate --check
+
+clean:
+	rm -rf $(VENV) .vesper .pytest_cache .hypothesis *.egg-info

@@ -1,0 +1,42 @@
+"""`vesper demo` as a user runs it: a subprocess that starts, trains and stops everything."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def test_demo_trains_reports_and_shuts_down(tmp_path: Path) -> None:
+    out = tmp_path / "demo.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "vesper.coordinator", "demo", "--workdir", str(tmp_path / "demo"),
+         "--epochs", "3", "--json-out", str(out)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "120"},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads(out.read_text())
+    baseline = summary["baseline"]
+    assert summary["extractor"] == "pmp-gcn" and baseline["extractor"] == "mlp"
+    assert 0 < summary["epsilon_spent"] <= summary["epsilon_budget"] == 8 and baseline["epsilon_spent"] == 0
+    for run in (summary, baseline):
+        assert run["status"] == "completed" and run["test_metric"]["name"] == "accuracy"
+        assert run["run_id"] in result.stdout and run["status_url"] in result.stdout
+    assert "ε spent" in result.stdout and f"--ledger {tmp_path / 'demo' / 'ledger.sqlite'}" in result.stdout
+    # every service was shut down
+    for name in ("accountant", "party-b", "party-a"):
+        pid = json.loads((tmp_path / "demo" / f"{name}.ready.json").read_text())["pid"]
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+    # the ledger outlives the services and still verifies
+    verify = subprocess.run(
+        [sys.executable, "-m", "vesper.coordinator", "status", summary["run_id"], "--ledger",
+         str(tmp_path / "demo" / "ledger.sqlite"), "--verify"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert verify.returncode == 0 and "verified" in verify.stdout, verify.stdout + verify.stderr

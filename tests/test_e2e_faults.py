@@ -1,0 +1,130 @@
+"""Faults: party B killed mid-run, and a party B that answers nonsense or nothing."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+
+from vesper.common.config import PartyBConfig, RunConfig
+from vesper.common.grpc_server import start_server
+from vesper.common.privacy.ledger import LedgerRow, RunRecord, replay
+from vesper.common.wire import encode_tensor
+from vesper.coordinator.processes import LocalCluster, start_service, write_section
+from vesper.coordinator.run_client import drive_run
+from vesper.party_b.service import LabelPartyService
+from vesper.proto.v1 import label_party_pb2 as lp
+from vesper.proto.v1 import label_party_pb2_grpc as lp_grpc
+
+from e2e import ledger, receipts
+
+pytestmark = pytest.mark.e2e
+QUIET = Console(file=io.StringIO())
+
+
+def _assert_replays(status_url: str, run_id: str) -> dict:
+    view = ledger(status_url, run_id)
+    result = replay(RunRecord.model_validate(view["run"]), [LedgerRow.model_validate(r) for r in view["rows"]])
+    assert result.consistent, result.problems
+    return view
+
+
+def test_killing_party_b_mid_run_stops_a_cleanly_and_every_release_was_charged(tmp_path: Path) -> None:
+    log = tmp_path / "receipts.jsonl"
+    with LocalCluster(tmp_path / "cluster", party_a={"secret_seed": 5}, party_b={"receipt_log": str(log)}) as cluster:
+        config = RunConfig.model_validate({"dataset": "cora", "epochs": 200, "batch_size": 16, "privacy": {"epsilon": 8}})
+        result: dict = {}
+        runner = threading.Thread(target=lambda: result.update(summary=drive_run(cluster.party_a_address, config, QUIET)))
+        runner.start()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 5):
+            time.sleep(0.05)
+        cluster.services["party-b"].kill()
+        runner.join(timeout=120)
+        summary = result["summary"]
+        assert summary.status == "failed"
+        assert "party B at" in summary.message and ("vanished" in summary.message or "UNAVAILABLE" in summary.message), summary.message
+        view = _assert_replays(cluster.status_url, summary.run_id)
+        assert view["run"]["status"] == "failed"
+        charged = {row["seq"] for row in view["rows"] if row["kind"] == "train"}
+        received = [entry["step"] for entry in receipts(log, summary.run_id)]
+        assert 5 <= len(received) <= len(charged)
+        assert set(received) <= charged  # training step s is charge s: charged before it was sent
+        assert summary.epsilon_spent == view["rows"][-1]["epsilon_after"]
+
+
+class MisbehavingLabelParty(LabelPartyService):
+    """The real party B, except that its reply to one step is corrupted or never comes."""
+
+    def __init__(self, config: PartyBConfig, fault: str, at_step: int = 2) -> None:
+        super().__init__(config)
+        self.fault, self.at_step = fault, at_step
+
+    def Train(self, request_iterator, context):
+        for reply in super().Train(request_iterator, context):
+            if reply.step == self.at_step:
+                if self.fault == "silent":
+                    while context.is_active():  # until party A gives up and cancels
+                        time.sleep(0.05)
+                elif self.fault == "nan":
+                    gradient = torch.zeros(list(reply.gradient.shape))
+                    gradient[0, 0, 0] = float("nan")
+                    reply.gradient.CopyFrom(encode_tensor(gradient, "float32"))
+                elif self.fault == "shape":
+                    reply.gradient.CopyFrom(encode_tensor(torch.zeros(1, 2, 3), "float32"))
+                elif self.fault == "step":
+                    reply.step += 7
+            yield reply
+
+
+@pytest.fixture(scope="module")
+def misbehaving(tmp_path_factory):
+    """The accountant and party A as processes, and one misbehaving party B in this process."""
+    workdir = tmp_path_factory.mktemp("faults")
+    write_section(workdir / "accountant.toml", "accountant", {
+        "listen": "127.0.0.1:0", "rest_listen": "127.0.0.1:0", "ledger": str(workdir / "ledger.sqlite"),
+    })
+    accountant = start_service("accountant", workdir / "accountant.toml", workdir)
+    servicer = MisbehavingLabelParty(PartyBConfig(workdir=workdir / "b"), fault="none")
+    server, port = start_server("127.0.0.1:0", [(lp_grpc.add_LabelPartyServicer_to_server, servicer, "vesper.v1.LabelParty")], 64)
+    party_a = None
+    try:
+        accountant.wait_ready()
+        write_section(workdir / "a.toml", "party_a", {
+            "listen": "127.0.0.1:0", "label_party": f"127.0.0.1:{port}", "accountant": accountant.grpc_address,
+            "accountant_status_url": accountant.info["rest_url"], "workdir": str(workdir / "a"), "secret_seed": 1,
+            "step_timeout_s": 3.0,
+        })
+        party_a = start_service("party-a", workdir / "a.toml", workdir)
+        party_a.wait_ready()
+        yield servicer, party_a, accountant
+    finally:
+        if party_a is not None:
+            party_a.stop()
+        server.stop(grace=0)
+        accountant.stop()
+
+
+@pytest.mark.parametrize(
+    "fault, fragment",
+    [
+        ("nan", "unusable gradient at step 2: gradient: 1 non-finite values"),
+        ("shape", "unusable gradient at step 2: gradient: shape [1, 2, 3] but expected"),
+        ("step", "answered run"),
+        ("silent", "did not answer step 2 within 3 s"),
+    ],
+)
+def test_a_misbehaving_party_b_ends_the_run_with_a_clear_error(misbehaving, fault: str, fragment: str) -> None:
+    servicer, party_a, accountant = misbehaving
+    servicer.fault = fault
+    config = RunConfig.model_validate({"dataset": "cora", "epochs": 1, "privacy": {"epsilon": 8}})
+    summary = drive_run(party_a.grpc_address, config, QUIET)
+    assert summary.status == "failed" and fragment in summary.message, summary.message
+    view = _assert_replays(accountant.info["rest_url"], summary.run_id)
+    assert view["run"]["status"] == "failed"
+    assert len(view["rows"]) == 3  # steps 0, 1, 2 were charged; nothing after the fault

@@ -1,0 +1,162 @@
+"""PMP-GIN, truncated PMP-GCN and the MLP extractor (Algorithms 1 and 2, vesper's form)."""
+
+import math
+import random
+
+import pytest
+import torch
+
+from vesper.common.config import ExtractorConfig
+from vesper.party_a.extractors.pmp import PmpExtractor, gcn_aggregate, gin_aggregate
+from vesper.party_a.graph_store import Graph
+from vesper.party_a.sampler import NeighbourSampler, edgeless_subgraph, make_block, sample_neighbours
+
+from conftest import random_graph
+
+
+def _full_block(graph: Graph, fanout: int, seed=(1, 2)):
+    nodes = torch.arange(graph.num_nodes)
+    edge_dst, neighbours = sample_neighbours(graph, nodes, fanout, seed)
+    return make_block(nodes, edge_dst, neighbours)
+
+
+def _capped(graph: Graph, fanout: int) -> torch.Tensor:
+    return graph.degree.clamp(max=fanout) if fanout else graph.degree
+
+
+@pytest.mark.parametrize("fanout", [0, 3])
+def test_gin_aggregate_is_the_sum_over_sampled_neighbours(fanout: int) -> None:
+    graph = random_graph(random.Random(0), 30, 0.2)
+    block = _full_block(graph, fanout)
+    h = torch.rand(30, 4)
+    expected = torch.zeros(30, 4)
+    for d, s in zip(block.edge_dst.tolist(), block.edge_src.tolist()):
+        expected[d] += h[block.src_nodes[s]]
+    assert torch.allclose(gin_aggregate(block, h[block.src_nodes]), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("fanout, d_min", [(0, 0), (4, 1), (4, 3), (0, 5)])
+def test_gcn_aggregate_matches_equation_33_with_truncation(fanout: int, d_min: int) -> None:
+    graph = random_graph(random.Random(1), 30, 0.2)
+    block = _full_block(graph, fanout)
+    capped = _capped(graph, fanout)
+    h = torch.rand(30, 4)
+    expected = torch.zeros(30, 4)
+    for d, s in zip(block.edge_dst.tolist(), block.edge_src.tolist()):
+        v, u = int(block.src_nodes[d]), int(block.src_nodes[s])
+        if capped[v] >= d_min:
+            expected[d] += h[u] / math.sqrt((capped[v] + 1) * (capped[u] + 1))
+    got = gcn_aggregate(block, h[block.src_nodes], capped, d_min)
+    assert torch.allclose(got, expected, atol=1e-6)
+    # nodes below D_min receive nothing (Algorithm 2, step 6)
+    below = capped[block.dst_nodes] < d_min
+    assert torch.all(got[below] == 0)
+
+
+def _model(name: str, layers: int = 1, fanout: int = 4, spectral_norm: bool = True, graph: Graph | None = None) -> PmpExtractor:
+    torch.manual_seed(0)
+    config = ExtractorConfig(name=name, layers=layers, fanout=fanout, dim=8, encoder_hidden=16, spectral_norm=spectral_norm)
+    capped = None if graph is None else _capped(graph, fanout)
+    return PmpExtractor(config, in_features=6, capped_degree=capped)
+
+
+@pytest.mark.parametrize("name", ["pmp-gin", "pmp-gcn", "mlp"])
+@pytest.mark.parametrize("layers", [1, 2, 3])
+def test_output_is_b_by_d_by_l_non_negative_and_unit_norm(name: str, layers: int) -> None:
+    graph = random_graph(random.Random(2), 50, 0.1)
+    model = _model(name, layers, graph=graph)
+    sampler = NeighbourSampler(graph, 4, layers)
+    roots = torch.tensor([3, 7, 9, 30])
+    subgraph = sampler.sample(roots, sampler.layer_seeds(torch.Generator().manual_seed(1)))
+    out = model(subgraph, torch.rand(50, 6), 0.5, torch.Generator().manual_seed(2))
+    assert out.shape == (4, 8, layers)
+    assert torch.all(out >= 0)
+    norms = out.norm(dim=1)
+    assert torch.all((norms - 1).abs() < 1e-5) or torch.all(norms <= 1 + 1e-5)
+
+
+def test_noise_has_standard_deviation_theta() -> None:
+    graph = random_graph(random.Random(4), 400, 0.02)
+    model = _model("pmp-gin", graph=graph).eval()  # no dropout: only the noise differs
+    sampler = NeighbourSampler(graph, 4, 1)
+    subgraph = sampler.sample(torch.arange(400), sampler.layer_seeds(torch.Generator().manual_seed(0)))
+    features = torch.rand(400, 6)
+    clean = model.noisy_aggregates(subgraph, features, 0.0, None)[0]
+    noisy = model.noisy_aggregates(subgraph, features, 2.5, torch.Generator().manual_seed(3))[0]
+    residual = (noisy - clean).flatten()
+    assert abs(residual.std().item() - 2.5) < 0.1 and abs(residual.mean().item()) < 0.1  # 3200 draws: std error 0.03
+
+
+@pytest.mark.parametrize("name", ["pmp-gin", "pmp-gcn"])
+def test_no_gradient_crosses_an_edge(name: str) -> None:
+    """A's update may depend on the graph only through noisy aggregates (docs/privacy.md, section 2)."""
+    graph = random_graph(random.Random(5), 40, 0.15)
+    model = _model(name, layers=2, graph=graph)
+    sampler = NeighbourSampler(graph, 4, 2)
+    roots = torch.tensor([0, 1, 2])
+    subgraph = sampler.sample(roots, sampler.layer_seeds(torch.Generator().manual_seed(0)))
+    features = torch.rand(40, 6, requires_grad=True)
+    model(subgraph, features, 1.0, torch.Generator().manual_seed(1)).sum().backward()
+    touched = features.grad.abs().sum(dim=1) > 0
+    assert touched[roots].all()
+    assert not touched[[i for i in range(40) if i not in roots.tolist()]].any()
+
+
+def test_forward_reads_the_graph_only_through_the_noisy_aggregates(monkeypatch) -> None:
+    graph = random_graph(random.Random(6), 40, 0.15)
+    other = random_graph(random.Random(7), 40, 0.3)
+    model = _model("pmp-gcn", layers=2, graph=graph)
+    roots = torch.tensor([0, 5, 9])
+    features = torch.rand(40, 6)
+    seeds = [(1, 2), (3, 4)]
+    first = NeighbourSampler(graph, 4, 2).sample(roots, seeds)
+    second = NeighbourSampler(other, 4, 2).sample(roots, seeds)
+    fixed = model.noisy_aggregates(first, features, 1.0, torch.Generator().manual_seed(0))
+    monkeypatch.setattr(model, "noisy_aggregates", lambda *args: fixed)
+    model.eval()
+    assert torch.equal(model(first, features, 1.0, None), model(second, features, 1.0, None))
+
+
+def test_spectral_norm_keeps_operator_norms_at_one() -> None:
+    graph = random_graph(random.Random(8), 30, 0.2)
+    model = _model("pmp-gin", layers=2, graph=graph)
+    model.train()
+    sampler = NeighbourSampler(graph, 4, 2)
+    subgraph = sampler.sample(torch.arange(30), sampler.layer_seeds(torch.Generator().manual_seed(0)))
+    for _ in range(30):  # power iteration converges over forward passes
+        model(subgraph, torch.rand(30, 6), 0.0, None)
+    for layer in model.layers:
+        for linear in (layer.self_weight, layer.agg_weight):
+            assert torch.linalg.matrix_norm(linear.weight.detach(), ord=2).item() == pytest.approx(1.0, abs=0.02)
+
+
+def test_mlp_extractor_reads_no_edges() -> None:
+    graph = random_graph(random.Random(9), 30, 0.3)
+    model = _model("mlp", layers=2)
+    model.eval()
+    features = torch.rand(30, 6)
+    roots = torch.tensor([1, 2, 3])
+    sampled = NeighbourSampler(graph, 4, 2).sample(roots, [(1, 2), (3, 4)])
+    assert torch.equal(model(sampled, features, 0.0, None), model(edgeless_subgraph(roots, 2), features, 0.0, None))
+    assert model.noisy_aggregates(sampled, features, 3.0, None) == [None, None]
+
+
+def test_pmp_extractor_needs_degrees() -> None:
+    with pytest.raises(ValueError, match="capped degrees"):
+        _model("pmp-gcn", graph=None)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_matches_cpu() -> None:
+    graph = random_graph(random.Random(10), 60, 0.1)
+    features = torch.rand(60, 6)
+    roots = torch.tensor([0, 3, 8])
+    outputs = []
+    for device in ("cpu", "cuda"):
+        model = _model("pmp-gcn", layers=2, graph=graph).to(device).eval()
+        model.capped_degree = _capped(graph, 4).to(device)
+        g = graph.to(device)
+        subgraph = NeighbourSampler(g, 4, 2).sample(roots.to(device), [(1, 2), (3, 4)])
+        outputs.append(model(subgraph, features.to(device), 0.0, None).cpu())
+    assert torch.allclose(outputs[0], outputs[1], atol=1e-5)
