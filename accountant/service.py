@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Callable, TypeVar
+from typing import TypeVar
+from collections.abc import Callable
 
 import dp_accounting as dpa
 import grpc

@@ -37,7 +37,7 @@ class ExtractorConfig(_Model):
     )
     dim: int = Field(64, ge=1, le=4096, description="d, width of every released embedding")
     encoder_hidden: int = Field(128, ge=1, le=16384)
-    dropout: float = Field(0.5, ge=0.0, lt=1.0, description="encoder dropout")
+    dropout: float = Field(0.8, ge=0.0, lt=1.0, description="encoder dropout")
     spectral_norm: bool = Field(True, description="spectral normalisation of PMP layer weights")
     noise_multiplier: float | None = Field(
         None,
@@ -59,7 +59,7 @@ class OptimizerConfig(_Model):
 
     name: Literal["adam", "sgd"] = "adam"
     lr: float = Field(0.01, gt=0, le=10)
-    weight_decay: float = Field(5e-4, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
 
 
 class PrivacyConfig(_Model):
@@ -98,7 +98,7 @@ class RunConfig(_Model):
     optimizer: OptimizerConfig = OptimizerConfig()
 
     @model_validator(mode="after")
-    def _consistent(self) -> "RunConfig":
+    def _consistent(self) -> RunConfig:
         ex = self.extractor
         if ex.name == "pmp-gcn" and ex.fanout and ex.d_min > ex.fanout:
             raise ValueError(
@@ -210,4 +210,4 @@ class RunSummary(_Model):
     participation_bound: int | None = None
     split: str = ""
     status_url: str = ""
-    baseline: "RunSummary | None" = None
+    baseline: RunSummary | None = None

@@ -9,7 +9,7 @@ import signal
 import threading
 from concurrent import futures
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc

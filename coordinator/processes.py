@@ -131,7 +131,7 @@ class LocalCluster:
         self.datasets = datasets or {}
         self.services: dict[str, ServiceProcess] = {}
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         try:
             self.start()
         except BaseException:

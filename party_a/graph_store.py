@@ -29,7 +29,7 @@ class Graph:
     def device(self) -> torch.device:
         return self.indices.device
 
-    def to(self, device: torch.device | str) -> "Graph":
+    def to(self, device: torch.device | str) -> Graph:
         return Graph(self.indptr.to(device), self.indices.to(device), self.num_nodes)
 
     def neighbours(self, node: int) -> torch.Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 import grpc
 
@@ -102,29 +102,39 @@ class AccountantClient:
         return self._call("close the run", self._stub.CloseRun, request)
 
 
+class _Outbox:
+    """Messages for a client stream, put by A's thread and consumed by gRPC's."""
+
+    _CLOSE = object()
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue = queue.Queue()
+
+    def put(self, message: object) -> None:
+        self._queue.put(message)
+
+    def close(self) -> None:
+        self._queue.put(self._CLOSE)
+
+    def __iter__(self) -> Iterator:
+        while (item := self._queue.get()) is not self._CLOSE:
+            yield item
+
+
 class TrainingStream:
     """One training stream to B, in lockstep: send a step, wait for its reply.
 
     Replies are read by a thread so that a silent B is noticed after ``timeout_s``.
     """
 
-    _CLOSE = object()
-
     def __init__(self, stub: lp_grpc.LabelPartyStub, address: str, timeout_s: float) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._requests: queue.Queue = queue.Queue()
+        self._requests = _Outbox()
         self._replies: queue.Queue = queue.Queue()
-        self._call = stub.Train(self._request_iterator())
+        self._call = stub.Train(iter(self._requests))
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-
-    def _request_iterator(self) -> Iterator[lp_pb.TrainStep]:
-        while True:
-            item = self._requests.get()
-            if item is self._CLOSE:
-                return
-            yield item
 
     def _read(self) -> None:
         try:
@@ -154,7 +164,7 @@ class TrainingStream:
         return reply
 
     def close(self) -> None:
-        self._requests.put(self._CLOSE)
+        self._requests.close()
         self._reader.join(timeout=self.timeout_s)
         if self._reader.is_alive():
             self._call.cancel()
@@ -163,20 +173,11 @@ class TrainingStream:
 class EvaluationStream:
     """Evaluation chunks to B: A's thread charges each chunk, then hands it over here."""
 
-    _CLOSE = object()
-
     def __init__(self, stub: lp_grpc.LabelPartyStub, address: str, timeout_s: float) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._requests: queue.Queue = queue.Queue()
-        self._future = stub.Evaluate.future(self._request_iterator())
-
-    def _request_iterator(self) -> Iterator[lp_pb.EvalChunk]:
-        while True:
-            item = self._requests.get()
-            if item is self._CLOSE:
-                return
-            yield item
+        self._requests = _Outbox()
+        self._future = stub.Evaluate.future(iter(self._requests))
 
     def send(self, chunk: lp_pb.EvalChunk) -> None:
         if self._future.done():
@@ -184,7 +185,7 @@ class EvaluationStream:
         self._requests.put(chunk)
 
     def result(self) -> lp_pb.EvalResult:
-        self._requests.put(self._CLOSE)
+        self._requests.close()
         try:
             return self._future.result(timeout=self.timeout_s)
         except grpc.FutureTimeoutError:
@@ -194,7 +195,7 @@ class EvaluationStream:
             raise PeerError(f"party B at {self.address} failed the evaluation: {_describe(error)}") from None
 
     def cancel(self) -> None:
-        self._requests.put(self._CLOSE)
+        self._requests.close()
         self._future.cancel()
 
 
@@ -217,7 +218,7 @@ class LabelPartyClient:
     def training(self) -> TrainingStream:
         return TrainingStream(self._stub, self.address, self.timeout_s)
 
-    def evaluation(self) -> "EvaluationStream":
+    def evaluation(self) -> EvaluationStream:
         return EvaluationStream(self._stub, self.address, self.timeout_s)
 
     def finish(self, run_id: str, status: str, reason: str) -> None:

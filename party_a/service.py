@@ -11,7 +11,7 @@ import logging
 import queue
 import threading
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import grpc
 import torch

@@ -20,7 +20,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import dp_accounting as dpa
 import torch
@@ -46,7 +46,7 @@ class GraphData:
     features: torch.Tensor
 
     @classmethod
-    def load(cls, path: Path, device: torch.device) -> "GraphData":
+    def load(cls, path: Path, device: torch.device) -> GraphData:
         part = load_graph_part(path)
         graph = build_graph(part.edges, part.num_nodes).to(device)
         return cls(graph, torch.from_numpy(part.features).to(device))

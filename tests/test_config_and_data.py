@@ -90,3 +90,9 @@ def test_bad_dataset_names_and_files(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="outside 0..2"):
         load_graph_part(broken)
     assert resolve_dataset("mine", {"mine": str(broken)}) == broken
+
+
+@pytest.mark.parametrize("name", ["platform.toml", "bank.toml", "accountant.toml"])
+def test_example_deployment_configs_are_valid(name: str) -> None:
+    config = load_config(Path(__file__).resolve().parents[1] / "deploy" / name)
+    assert any(getattr(config, section) is not None for section in ("party_a", "party_b", "accountant"))

@@ -18,7 +18,6 @@ from vesper.common.wire import encode_tensor
 from vesper.coordinator.processes import LocalCluster, start_service, write_section
 from vesper.coordinator.run_client import drive_run
 from vesper.party_b.service import LabelPartyService
-from vesper.proto.v1 import label_party_pb2 as lp
 from vesper.proto.v1 import label_party_pb2_grpc as lp_grpc
 
 from e2e import ledger, receipts

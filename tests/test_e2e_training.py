@@ -8,10 +8,8 @@ refused before anything is sent; every release B received was charged first.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
-import httpx
 import pytest
 
 from vesper.coordinator.processes import LocalCluster

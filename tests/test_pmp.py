@@ -55,7 +55,7 @@ def test_gcn_aggregate_matches_equation_33_with_truncation(fanout: int, d_min: i
 
 def _model(name: str, layers: int = 1, fanout: int = 4, spectral_norm: bool = True, graph: Graph | None = None) -> PmpExtractor:
     torch.manual_seed(0)
-    config = ExtractorConfig(name=name, layers=layers, fanout=fanout, dim=8, encoder_hidden=16, spectral_norm=spectral_norm)
+    config = ExtractorConfig(name=name, layers=layers, fanout=fanout, dim=8, encoder_hidden=16, dropout=0.0, spectral_norm=spectral_norm)
     capped = None if graph is None else _capped(graph, fanout)
     return PmpExtractor(config, in_features=6, capped_degree=capped)
 

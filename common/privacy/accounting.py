@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable
+from collections.abc import Callable
 
 import dp_accounting as dpa
 from dp_accounting.pld import pld_privacy_accountant

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Iterable, Literal
+from typing import Literal
+from collections.abc import Iterable
 
 import dp_accounting as dpa
 from pydantic import BaseModel, ConfigDict, Field

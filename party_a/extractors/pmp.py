@@ -57,11 +57,13 @@ class PmpLayer(nn.Module):
         wrap = spectral_norm if use_spectral_norm else (lambda module: module)
         self.self_weight = wrap(nn.Linear(dim, dim))
         self.agg_weight = wrap(nn.Linear(dim, dim, bias=False)) if aggregates else None
+        # with ‖W_agg‖_op pinned at 1, this gain lets training turn a noisy aggregate down
+        self.agg_gain = nn.Parameter(torch.ones(())) if aggregates else None
 
     def forward(self, h_own: torch.Tensor, noisy_aggregate: torch.Tensor | None) -> torch.Tensor:
         pre = self.self_weight(h_own)
         if self.agg_weight is not None:
-            pre = pre + self.agg_weight(noisy_aggregate)
+            pre = pre + self.agg_gain * self.agg_weight(noisy_aggregate)
         return F.normalize(F.relu(pre), dim=-1)
 
 
