@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import TypeVar
 from collections.abc import Callable
+from typing import TypeVar
 
 import dp_accounting as dpa
 import grpc

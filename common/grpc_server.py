@@ -7,9 +7,9 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
-from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc

@@ -10,8 +10,8 @@ privatised tensor, so it never changes a privacy cost.
 from __future__ import annotations
 
 import math
-from typing import Literal
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 import torch

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import sys
 from enum import Enum
 from pathlib import Path
@@ -12,8 +11,8 @@ from typing import Any, Optional
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich import box
+from rich.console import Console
 from rich.table import Table
 
 from vesper.common.config import (
@@ -26,6 +25,7 @@ from vesper.common.config import (
     load_config,
     set_dotted,
 )
+from vesper.coordinator.run_client import format_epsilon
 
 app = typer.Typer(
     help="vesper: train a GNN across two institutions with edge-level differential privacy.",
@@ -137,10 +137,6 @@ def _overrides(**kw: Any) -> dict[str, Any]:
     }
 
 
-def _fmt_eps(value: float) -> str:
-    return "∞" if math.isinf(value) else f"{value:.4f}"
-
-
 def _metric_text(summary: RunSummary) -> str:
     if summary.test_metric is None:
         return "-"
@@ -149,13 +145,14 @@ def _metric_text(summary: RunSummary) -> str:
 
 def print_summaries(summaries: list[RunSummary]) -> None:
     table = Table(box=box.SIMPLE_HEAD)
-    for column in ("run", "extractor", "status", "test metric", "ε spent / budget", "steps", "time"):
-        table.add_column(column)
+    for column in ("run", "extractor", "status", "test", "ε / budget", "time"):
+        table.add_column(column, no_wrap=True)
+    short = {"accuracy": "acc", "roc_auc": "auc"}
     for s in summaries:
-        metric = f"{s.test_metric.name} {s.test_metric.value:.4f}" if s.test_metric else "-"
+        metric = f"{short.get(s.test_metric.name, s.test_metric.name)} {s.test_metric.value:.4f}" if s.test_metric else "-"
         table.add_row(
             s.run_id, s.extractor, s.status, metric,
-            f"{_fmt_eps(s.epsilon_spent)} / {_fmt_eps(s.epsilon_budget)}", str(s.steps), f"{s.seconds:.1f} s",
+            f"{format_epsilon(s.epsilon_spent)} / {format_epsilon(s.epsilon_budget)}", f"{s.seconds:.1f} s",
         )
     console.print(table)
     for s in summaries:
@@ -172,8 +169,8 @@ def print_summaries(summaries: list[RunSummary]) -> None:
             noise = "no noise"
         val = f", val {s.val_metric.value:.4f}" if s.val_metric else ""
         console.print(
-            f"[bold]{s.run_id}[/] {s.extractor}+{s.decoder} on {s.dataset}{val}: edge-level ε spent "
-            f"{_fmt_eps(s.epsilon_spent)} of {_fmt_eps(s.epsilon_budget)} at δ={s.delta:.3g} "
+            f"[bold]{s.run_id}[/] {s.extractor}+{s.decoder} on {s.dataset}, {s.steps} steps{val}: edge-level ε spent "
+            f"{format_epsilon(s.epsilon_spent)} of {format_epsilon(s.epsilon_budget)} at δ={s.delta:.3g} "
             f"({s.accounting}, {s.accountant or 'no charges'}); {noise}",
             highlight=False,
         )
@@ -284,7 +281,7 @@ def status(
                 table.add_column(column)
             for r in runs:
                 table.add_row(r.run_id, r.status, r.extractor, r.accounting,
-                              f"{_fmt_eps(r.epsilon_spent)} / {_fmt_eps(r.epsilon_budget)}", f"{r.delta:.3g}", str(r.charges))
+                              f"{format_epsilon(r.epsilon_spent)} / {format_epsilon(r.epsilon_budget)}", f"{r.delta:.3g}", str(r.charges))
             console.print(table)
             return
         view = status_client.run_status(base, run_id)
@@ -293,7 +290,7 @@ def status(
         else:
             console.print(f"[bold]run {view.run_id}[/] ({view.status}) — {view.extractor}, privacy unit: {view.privacy_unit}", highlight=False)
             console.print(
-                f"ε spent {_fmt_eps(view.epsilon_spent)} of {_fmt_eps(view.epsilon_budget)} at δ={view.delta:.3g} "
+                f"ε spent {format_epsilon(view.epsilon_spent)} of {format_epsilon(view.epsilon_budget)} at δ={view.delta:.3g} "
                 f"({view.accountant}); {view.charges} charges, {view.counted_charges} counted, N_e={view.participation_bound}",
                 highlight=False,
             )
@@ -305,7 +302,7 @@ def status(
             if result.consistent:
                 console.print(
                     f"verified: ε recomputed from {result.charges} ledger rows ({result.counted} counted) = "
-                    f"{_fmt_eps(result.epsilon)} ({result.accountant}), as recorded", highlight=False,
+                    f"{format_epsilon(result.epsilon)} ({result.accountant}), as recorded", highlight=False,
                 )
             else:
                 _fail("ledger does not replay: " + "; ".join(result.problems), 4)

@@ -6,7 +6,13 @@ import math
 
 import grpc
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from vesper.common.config import RunConfig, RunSummary
 from vesper.common.grpc_server import channel_options
@@ -18,14 +24,20 @@ class RunClientError(RuntimeError):
     """Party A could not be reached or refused the run."""
 
 
-def _epsilon_text(value: float) -> str:
-    return "∞" if math.isinf(value) else f"{value:.4g}"
+def format_epsilon(value: float) -> str:
+    """ε for display: 4 significant digits, rounded up, never down (exact values are in --json)."""
+    if math.isinf(value):
+        return "∞"
+    if value <= 0:
+        return "0"
+    scale = 10.0 ** (3 - math.floor(math.log10(value)))
+    return f"{math.ceil(value * scale) / scale:.4g}"
 
 
 def drive_run(party_a: str, config: RunConfig, console: Console) -> RunSummary:
     """Start ``config`` at party A and follow it to its summary."""
     request = pb.StartRunRequest(run_config_json=config.model_dump_json())
-    budget = _epsilon_text(config.privacy.epsilon)
+    budget = format_epsilon(config.privacy.epsilon)
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -41,15 +53,17 @@ def drive_run(party_a: str, config: RunConfig, console: Console) -> RunSummary:
                 task = progress.add_task(f"{config.extractor.name} on {config.dataset}", total=None, loss="-", eps="0")
                 for event in call:
                     if event.HasField("summary_json"):
-                        return RunSummary.model_validate_json(event.summary_json)
+                        summary = RunSummary.model_validate_json(event.summary_json)
+                        progress.update(task, description=summary.status, eps=format_epsilon(summary.epsilon_spent))
+                        return summary
                     p = event.progress
                     if p.phase == "train":
                         progress.update(
                             task, total=p.total_steps, completed=p.step, loss=f"{p.loss:.4f}",
-                            eps=_epsilon_text(p.epsilon_spent), description=f"epoch {p.epoch}/{p.epochs}",
+                            eps=format_epsilon(p.epsilon_spent), description=f"epoch {p.epoch}/{p.epochs}",
                         )
                     elif p.message:
-                        progress.update(task, description=p.message, eps=_epsilon_text(p.epsilon_spent))
+                        progress.update(task, description=p.message, eps=format_epsilon(p.epsilon_spent))
         except KeyboardInterrupt:
             call.cancel()
             raise

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import torch

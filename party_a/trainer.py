@@ -18,9 +18,9 @@ import math
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 
 import dp_accounting as dpa
 import torch
@@ -33,7 +33,12 @@ from vesper.common.wire import WireError, decode_tensor, dtype_to_proto, encode_
 from vesper.party_a.extractors.pmp import PmpExtractor
 from vesper.party_a.extractors.sensitivity import participation_bound, step_sensitivity
 from vesper.party_a.graph_store import Graph, build_graph
-from vesper.party_a.peers import AccountantClient, BudgetRefused, LabelPartyClient, PeerError
+from vesper.party_a.peers import (
+    AccountantClient,
+    BudgetRefused,
+    LabelPartyClient,
+    PeerError,
+)
 from vesper.party_a.sampler import NeighbourSampler, SampledSubgraph, edgeless_subgraph
 from vesper.proto.v1 import label_party_pb2 as lp_pb
 

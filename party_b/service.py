@@ -13,8 +13,8 @@ import logging
 import re
 import threading
 import time
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import torch
@@ -23,7 +23,13 @@ from pydantic import ValidationError
 from vesper.common.config import DecoderConfig, OptimizerConfig, PartyBConfig
 from vesper.common.dataset_files import DatasetError, resolve_dataset
 from vesper.common.grpc_server import start_server, wait_for_signal, write_ready_file
-from vesper.common.wire import WireError, decode_tensor, dtype_from_proto, encode_tensor, validate_node_ids
+from vesper.common.wire import (
+    WireError,
+    decode_tensor,
+    dtype_from_proto,
+    encode_tensor,
+    validate_node_ids,
+)
 from vesper.party_b.label_data import LabelStore, load_labels
 from vesper.party_b.session import LabelSession, SplitScores
 from vesper.proto.v1 import label_party_pb2 as pb

@@ -11,7 +11,12 @@ from vesper.accountant.ledger_store import LedgerStore
 from vesper.accountant.rest import create_app
 from vesper.common.privacy.accounting import epsilon_of
 from vesper.common.privacy.events import event_to_json
-from vesper.common.privacy.ledger import LedgerView, RunStatusView, composed_event, replay
+from vesper.common.privacy.ledger import (
+    LedgerView,
+    RunStatusView,
+    composed_event,
+    replay,
+)
 
 GAUSS = event_to_json(dpa.GaussianDpEvent(2.0))
 

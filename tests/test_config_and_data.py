@@ -8,7 +8,12 @@ import pytest
 from pydantic import ValidationError
 
 from vesper.common.config import RunConfig, load_config
-from vesper.common.dataset_files import DatasetError, load_graph_part, load_label_part, resolve_dataset
+from vesper.common.dataset_files import (
+    DatasetError,
+    load_graph_part,
+    load_label_part,
+    resolve_dataset,
+)
 from vesper.common.splits import split_for, stratified_split
 from vesper.party_a.graph_store import build_graph
 

@@ -9,6 +9,7 @@ import grpc
 import numpy as np
 import pytest
 import torch
+from e2e import ledger
 
 from vesper.common.privacy.accounting import epsilon_of
 from vesper.common.privacy.events import event_to_json
@@ -22,8 +23,6 @@ from vesper.proto.v1 import graph_party_pb2_grpc as ga_grpc
 from vesper.proto.v1 import label_party_pb2 as lp
 from vesper.proto.v1 import label_party_pb2_grpc as lp_grpc
 from vesper.proto.v1 import tensor_pb2
-
-from e2e import ledger
 
 pytestmark = pytest.mark.e2e
 D, L = 4, 2

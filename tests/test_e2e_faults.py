@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from e2e import ledger, receipts
 from rich.console import Console
 
 from vesper.common.config import PartyBConfig, RunConfig
@@ -19,8 +20,6 @@ from vesper.coordinator.processes import LocalCluster, start_service, write_sect
 from vesper.coordinator.run_client import drive_run
 from vesper.party_b.service import LabelPartyService
 from vesper.proto.v1 import label_party_pb2_grpc as lp_grpc
-
-from e2e import ledger, receipts
 
 pytestmark = pytest.mark.e2e
 QUIET = Console(file=io.StringIO())

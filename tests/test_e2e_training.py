@@ -11,10 +11,9 @@ import json
 from pathlib import Path
 
 import pytest
+from e2e import fast_run, ledger, receipts, vesper
 
 from vesper.coordinator.processes import LocalCluster
-
-from e2e import fast_run, ledger, receipts, vesper
 
 pytestmark = pytest.mark.e2e
 

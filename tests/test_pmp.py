@@ -5,13 +5,17 @@ import random
 
 import pytest
 import torch
+from conftest import random_graph
 
 from vesper.common.config import ExtractorConfig
 from vesper.party_a.extractors.pmp import PmpExtractor, gcn_aggregate, gin_aggregate
 from vesper.party_a.graph_store import Graph
-from vesper.party_a.sampler import NeighbourSampler, edgeless_subgraph, make_block, sample_neighbours
-
-from conftest import random_graph
+from vesper.party_a.sampler import (
+    NeighbourSampler,
+    edgeless_subgraph,
+    make_block,
+    sample_neighbours,
+)
 
 
 def _full_block(graph: Graph, fanout: int, seed=(1, 2)):

@@ -4,13 +4,16 @@ import random
 
 import pytest
 import torch
+from conftest import random_graph
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vesper.party_a.graph_store import add_edge, build_graph
-from vesper.party_a.sampler import NeighbourSampler, edgeless_subgraph, sample_neighbours
-
-from conftest import random_graph
+from vesper.party_a.sampler import (
+    NeighbourSampler,
+    edgeless_subgraph,
+    sample_neighbours,
+)
 
 
 def test_csr_is_symmetric_simple_and_sorted() -> None:

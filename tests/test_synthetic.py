@@ -19,7 +19,12 @@ from hypothesis import strategies as st
 
 from vesper.common.dataset_files import load_graph_part, load_label_part
 from vesper.common.splits import split_for
-from vesper.coordinator.synthetic import SyntheticGraph, SyntheticSpec, generate, save_npz
+from vesper.coordinator.synthetic import (
+    SyntheticGraph,
+    SyntheticSpec,
+    generate,
+    save_npz,
+)
 
 KEYS = {"node_features", "node_labels", "edges", "train_masks", "val_masks", "test_masks"}
 

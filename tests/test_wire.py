@@ -8,7 +8,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vesper.common.wire import WireError, decode_tensor, encode_tensor, validate_node_ids
+from vesper.common.wire import (
+    WireError,
+    decode_tensor,
+    encode_tensor,
+    validate_node_ids,
+)
 from vesper.proto.v1 import tensor_pb2
 
 

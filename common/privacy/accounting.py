@@ -17,15 +17,15 @@ A cross-check in the tests shows both agree where both apply.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from collections.abc import Callable
 
 import dp_accounting as dpa
 from dp_accounting.pld import pld_privacy_accountant
 from scipy.special import log_ndtr
 
-from vesper.common.privacy.events import event_to_json, event_from_json
+from vesper.common.privacy.events import event_from_json, event_to_json
 
 
 @dataclass(frozen=True)

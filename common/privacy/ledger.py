@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Literal
 from collections.abc import Iterable
+from typing import Literal
 
 import dp_accounting as dpa
 from pydantic import BaseModel, ConfigDict, Field
