@@ -101,7 +101,7 @@ def _run_config(base: VesperConfig, overrides: dict[str, Any]) -> RunConfig:
 
 
 # shared run options of `train` and `demo` -------------------------------------------------------
-DatasetOpt = typer.Option(None, "--dataset", help="Bundled name (cora), a name from the parties' [datasets], or an .npz path.")
+DatasetOpt = typer.Option(None, "--dataset", help="Bundled name (cora), a name from the parties' \\[datasets], or an .npz path.")
 ExtractorOpt = typer.Option(None, "--extractor", help="Party A's extractor.")
 DecoderOpt = typer.Option(None, "--decoder", help="Party B's decoder.")
 EpsilonOpt = typer.Option(None, "--epsilon", help="Edge-level ε budget; 'inf' = no noise and no budget.")
@@ -219,8 +219,8 @@ def serve(
 
 @app.command()
 def train(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file with [run] and [coordinator]."),
-    party_a: Optional[str] = typer.Option(None, "--party-a", help="Party A's gRPC address (default: [coordinator].party_a)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file with \\[run] and \\[coordinator]."),
+    party_a: Optional[str] = typer.Option(None, "--party-a", help="Party A's gRPC address (default: \\[coordinator].party_a)."),
     dataset: Optional[str] = DatasetOpt,
     extractor: Optional[Extractor] = ExtractorOpt,
     decoder: Optional[Decoder] = DecoderOpt,
@@ -255,8 +255,8 @@ def train(
 @app.command()
 def status(
     run_id: Optional[str] = typer.Argument(None, help="A run id; without it, list all runs."),
-    url: Optional[str] = typer.Option(None, "--url", help="The accountant's REST base URL (default: [coordinator].accountant_status_url)."),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file with [coordinator]."),
+    url: Optional[str] = typer.Option(None, "--url", help="The accountant's REST base URL (default: \\[coordinator].accountant_status_url)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file with \\[coordinator]."),
     ledger_file: Optional[Path] = typer.Option(None, "--ledger", help="Read a ledger file directly instead of the REST endpoint."),
     verify: bool = typer.Option(False, "--verify", help="Recompute ε locally from the run's ledger and compare."),
     as_json: bool = typer.Option(False, "--json", help="Print the accountant's JSON instead of a table."),
@@ -276,11 +276,12 @@ def status(
             if as_json:
                 console.print_json(json.dumps([json.loads(r.model_dump_json()) for r in runs]))
                 return
-            table = Table(title=f"runs at {base}")
-            for column in ("run", "status", "extractor", "accounting", "ε spent / budget", "δ", "charges"):
-                table.add_column(column)
+            console.print(f"runs at {base}", highlight=False)
+            table = Table(box=box.SIMPLE_HEAD)
+            for column in ("run", "status", "extractor", "ε / budget", "δ", "charges"):
+                table.add_column(column, no_wrap=True)
             for r in runs:
-                table.add_row(r.run_id, r.status, r.extractor, r.accounting,
+                table.add_row(r.run_id, r.status, r.extractor,
                               f"{format_epsilon(r.epsilon_spent)} / {format_epsilon(r.epsilon_budget)}", f"{r.delta:.3g}", str(r.charges))
             console.print(table)
             return
@@ -327,7 +328,7 @@ def demo(
     noise_multiplier: Optional[float] = NoiseOpt,
     wire_dtype: Optional[WireDType] = WireOpt,
     json_out: Optional[Path] = JsonOutOpt,
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file with a [run] section to start from."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file with a \\[run] section to start from."),
     workdir: Path = typer.Option(Path(".vesper/demo"), "--workdir", help="Configs, logs, ledger and models of the demo."),
     baseline: bool = typer.Option(True, "--baseline/--no-baseline", help="Also train the MLP extractor (no edges) to compare."),
     keep_serving: bool = typer.Option(False, "--keep-serving", help="Leave the services running until Ctrl-C."),

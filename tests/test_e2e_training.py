@@ -129,3 +129,9 @@ def test_cli_help_lists_the_documented_flags() -> None:
             assert flag in output, (command, flag)
     for command in ("serve", "status", "data"):
         assert vesper(command, "--help")[0] == 0
+    # config section names survive rich's markup in the help text
+    def text(command: str) -> str:
+        return " ".join(vesper(command, "--help")[1].replace("│", " ").split())
+
+    assert "TOML file with [run] and [coordinator]." in text("train")
+    assert "(default: [coordinator].accountant_status_url)" in text("status")
