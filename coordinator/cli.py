@@ -180,7 +180,7 @@ def print_summaries(summaries: list[RunSummary]) -> None:
 def _write_json(path: Path | None, summary: RunSummary) -> None:
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(json.loads(summary.model_dump_json()), indent=2) + "\n")
+        path.write_text(summary.model_dump_json(indent=2) + "\n")
 
 
 # commands ------------------------------------------------------------------------------------------

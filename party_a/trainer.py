@@ -13,7 +13,6 @@ evaluation sweep) is exactly what is charged, so a calibrated run ends with
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -29,7 +28,7 @@ from vesper.common.config import Metric, PartyAConfig, RunConfig, RunSummary
 from vesper.common.dataset_files import load_graph_part
 from vesper.common.optim import build_optimizer
 from vesper.common.privacy.events import event_to_json
-from vesper.common.wire import WireError, decode_tensor, dtype_to_proto, encode_tensor
+from vesper.common.wire import WireError, decode_tensor, dtype_to_proto, encode_tensor, validate_node_ids
 from vesper.party_a.extractors.pmp import PmpExtractor
 from vesper.party_a.extractors.sensitivity import participation_bound, step_sensitivity
 from vesper.party_a.graph_store import Graph, build_graph
@@ -39,7 +38,7 @@ from vesper.party_a.peers import (
     LabelPartyClient,
     PeerError,
 )
-from vesper.party_a.sampler import NeighbourSampler, SampledSubgraph, edgeless_subgraph
+from vesper.party_a.sampler import NeighbourSampler, edgeless_subgraph
 from vesper.proto.v1 import label_party_pb2 as lp_pb
 
 
@@ -137,6 +136,8 @@ class GraphPartyRun:
         self.steps_done = 0
         self.status_url = f"{settings.accountant_status_url.rstrip('/')}/v1/runs/{self.run_id}"
         self.sampling_generator, self.noise_generator = _secret_generators(settings, config.seed, self.device)
+        ex = config.extractor
+        self.sampler = None if ex.name == "mlp" else NeighbourSampler(data.graph, ex.fanout, ex.layers)
 
     # -- the run -------------------------------------------------------------------------------
     def execute(self) -> RunSummary:
@@ -224,14 +225,13 @@ class GraphPartyRun:
             )
         ids = {}
         for name in ("train", "val", "test"):
-            values = torch.tensor(list(getattr(reply, f"{name}_ids")), dtype=torch.int64)
-            if values.numel() and (int(values.min()) < 0 or int(values.max()) >= num_nodes):
-                raise ValueError(f"party B's {name} split names a node outside 0..{num_nodes - 1}")
-            if torch.unique(values).numel() != values.numel():
-                raise ValueError(f"party B's {name} split repeats node ids")
-            ids[name] = values
-        if ids["train"].numel() == 0 or ids["test"].numel() == 0:
-            raise ValueError("party B's split has no training or no test nodes")
+            values = list(getattr(reply, f"{name}_ids"))
+            if not values and name != "val":
+                raise ValueError(f"party B's split has no {name} nodes")
+            ids[name] = (
+                validate_node_ids(values, name=f"party B's {name} split", num_nodes=num_nodes)
+                if values else torch.empty(0, dtype=torch.int64)
+            )
         chunk = self.config.eval_chunk
         return ReleasePlan(
             train_ids=ids["train"],
@@ -299,25 +299,25 @@ class GraphPartyRun:
         return model, build_optimizer(self.config.optimizer, model.parameters())
 
     # -- releases ----------------------------------------------------------------------------
-    def _subgraph(self, roots: torch.Tensor, sampler: NeighbourSampler | None, generator: torch.Generator) -> SampledSubgraph:
-        roots = roots.to(self.device)
-        if sampler is None:
-            return edgeless_subgraph(roots, self.config.extractor.layers)
-        return sampler.sample(roots, sampler.layer_seeds(generator))
-
-    def _charge(self, release: Release, pass_id: str, kind: str, num_nodes: int) -> None:
-        receipt = self.accountant.charge(self.run_id, self.seq, pass_id, kind, num_nodes, release.event_json)
+    def _charged_release(
+        self, model: PmpExtractor, roots: torch.Tensor, release: Release, pass_id: str, kind: str
+    ) -> torch.Tensor:
+        """The only way A makes a tensor for B: PMP over the roots' subgraphs, then the
+        write-ahead charge. The caller sends it only after this returns."""
+        roots_on_device = roots.to(self.device)
+        if self.sampler is None:
+            subgraph = edgeless_subgraph(roots_on_device, self.config.extractor.layers)
+        else:
+            subgraph = self.sampler.sample(roots_on_device, self.sampler.layer_seeds(self.sampling_generator))
+        embeddings = model(subgraph, self.data.features, release.noise_std, self.noise_generator)
+        receipt = self.accountant.charge(self.run_id, self.seq, pass_id, kind, roots.numel(), release.event_json)
         self.seq += 1
         self.epsilon_spent = receipt.epsilon_spent
-
-    def _sampler(self) -> NeighbourSampler | None:
-        ex = self.config.extractor
-        return None if ex.name == "mlp" else NeighbourSampler(self.data.graph, ex.fanout, ex.layers)
+        return embeddings
 
     def _train(self, plan: ReleasePlan, release: Release, model: PmpExtractor, optimizer: torch.optim.Optimizer) -> None:
         cfg = self.config
         root_order = torch.Generator().manual_seed(cfg.seed)
-        sampler = self._sampler()
         total = plan.steps_per_epoch * cfg.epochs
         shape_tail = (cfg.extractor.dim, cfg.extractor.layers)
         stream = self.label_party.training()
@@ -328,9 +328,7 @@ class GraphPartyRun:
                 for batch in order.split(cfg.batch_size):
                     if self.cancelled():
                         raise Cancelled()
-                    subgraph = self._subgraph(batch, sampler, self.sampling_generator)
-                    embeddings = model(subgraph, self.data.features, release.noise_std, self.noise_generator)
-                    self._charge(release, f"train-{epoch}", "train", batch.numel())
+                    embeddings = self._charged_release(model, batch, release, f"train-{epoch}", "train")
                     reply = stream.exchange(lp_pb.TrainStep(
                         run_id=self.run_id, step=self.steps_done, node_ids=batch.tolist(),
                         embeddings=encode_tensor(embeddings, cfg.wire_dtype),
@@ -364,7 +362,6 @@ class GraphPartyRun:
     @torch.no_grad()
     def _evaluate(self, plan: ReleasePlan, release: Release, model: PmpExtractor) -> dict[str, Metric]:
         cfg = self.config
-        sampler = self._sampler()
         model.eval()
         stream = self.label_party.evaluation()
         try:
@@ -373,9 +370,7 @@ class GraphPartyRun:
                     if self.cancelled():
                         raise Cancelled()
                     self.report(ProgressEvent("eval", message=f"evaluating {split}", epsilon_spent=self.epsilon_spent))
-                    subgraph = self._subgraph(chunk, sampler, self.sampling_generator)
-                    embeddings = model(subgraph, self.data.features, release.noise_std, self.noise_generator)
-                    self._charge(release, "eval-0", "eval", chunk.numel())
+                    embeddings = self._charged_release(model, chunk, release, "eval-0", "eval")
                     stream.send(lp_pb.EvalChunk(
                         run_id=self.run_id, eval_id=0, split=split, node_ids=chunk.tolist(),
                         embeddings=encode_tensor(embeddings, cfg.wire_dtype),
@@ -399,4 +394,4 @@ class GraphPartyRun:
         )
 
     def _write_summary(self, summary: RunSummary) -> None:
-        (self._run_dir() / "summary.json").write_text(json.dumps(json.loads(summary.model_dump_json()), indent=2))
+        (self._run_dir() / "summary.json").write_text(summary.model_dump_json(indent=2) + "\n")

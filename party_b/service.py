@@ -78,6 +78,17 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, f"unknown run id {run_id!r}: call SetupRun first")
         return session
 
+    def _received(
+        self, session: LabelSession, node_ids, embeddings, allowed: torch.Tensor, what: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A release from A, validated: known ids of the right split, a B x d x L tensor of the run's dtype."""
+        ids = validate_node_ids(node_ids, name=what, allowed=allowed, num_nodes=session.store.num_nodes)
+        tensor = decode_tensor(
+            embeddings, name="embeddings", expected_shape=(ids.numel(), session.dim, session.layers),
+            expected_dtype=session.wire_dtype, max_elements=self.max_elements,
+        )
+        return ids, tensor
+
     def _store(self, path: Path, split_seed: int) -> LabelStore:
         key = (path.resolve(), split_seed)
         with self._lock:
@@ -164,16 +175,7 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
                     f"out-of-order step: expected step {session.next_step}, got {request.step}",
                 )
             try:
-                ids = validate_node_ids(
-                    request.node_ids, name="training batch", allowed=session.train_mask, num_nodes=session.store.num_nodes
-                )
-                embeddings = decode_tensor(
-                    request.embeddings,
-                    name="embeddings",
-                    expected_shape=(ids.numel(), session.dim, session.layers),
-                    expected_dtype=session.wire_dtype,
-                    max_elements=self.max_elements,
-                )
+                ids, embeddings = self._received(session, request.node_ids, request.embeddings, session.train_mask, "training batch")
             except WireError as exc:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"step {request.step}: {exc}")
             gradient, loss = session.train_step(ids, embeddings)
@@ -199,13 +201,8 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
             if chunk.split not in session.split_masks:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown split {chunk.split!r}; expected val or test")
             try:
-                ids = validate_node_ids(
-                    chunk.node_ids, name=f"{chunk.split} nodes", allowed=session.split_masks[chunk.split],
-                    num_nodes=session.store.num_nodes,
-                )
-                embeddings = decode_tensor(
-                    chunk.embeddings, name="embeddings", expected_shape=(ids.numel(), session.dim, session.layers),
-                    expected_dtype=session.wire_dtype, max_elements=self.max_elements,
+                ids, embeddings = self._received(
+                    session, chunk.node_ids, chunk.embeddings, session.split_masks[chunk.split], f"{chunk.split} nodes"
                 )
             except WireError as exc:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

@@ -9,13 +9,15 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from e2e import ledger
+from e2e import ledger, vesper
 
 from vesper.common.privacy.accounting import epsilon_of
 from vesper.common.privacy.events import event_to_json
 from vesper.common.privacy.ledger import composed_event
 from vesper.common.wire import encode_tensor
+from vesper.common.dataset_files import resolve_dataset
 from vesper.coordinator.processes import LocalCluster
+from vesper.coordinator.synthetic import SyntheticSpec, generate, save_npz
 from vesper.proto.v1 import accountant_pb2 as acc
 from vesper.proto.v1 import accountant_pb2_grpc as acc_grpc
 from vesper.proto.v1 import graph_party_pb2 as ga
@@ -30,7 +32,13 @@ D, L = 4, 2
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with LocalCluster(tmp_path_factory.mktemp("bad-input"), party_a={"secret_seed": 3}) as c:
+    workdir = tmp_path_factory.mktemp("bad-input")
+    small = workdir / "small.npz"
+    save_npz(generate(SyntheticSpec(num_nodes=100, profile="dense", mean_degree=4.0)), small)
+    # "mismatch" names Cora at party A but a 100-node graph at party B: ids not aligned
+    party_a = {"secret_seed": 3, "datasets": {"mismatch": str(resolve_dataset("cora"))}}
+    party_b = {"datasets": {"mismatch": str(small)}}
+    with LocalCluster(workdir, party_a=party_a, party_b=party_b) as c:
         yield c
 
 
@@ -193,3 +201,9 @@ def test_party_a_refuses_bad_run_configurations(cluster, config: str, code, frag
         with pytest.raises(grpc.RpcError) as info:
             list(ga_grpc.GraphPartyStub(channel).StartRun(ga.StartRunRequest(run_config_json=config), timeout=30))
     assert info.value.code() == code and fragment in info.value.details(), info.value.details()
+
+
+def test_misaligned_node_ids_end_the_run_before_anything_is_sent(cluster) -> None:
+    code, output = vesper("train", "--party-a", cluster.party_a_address, "--dataset", "mismatch", "--epochs", "1")
+    text = " ".join(output.split())
+    assert code == 1 and "node ids are not aligned: party B's labels cover 100 nodes, party A's graph has 2708" in text, output
