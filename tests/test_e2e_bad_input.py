@@ -11,11 +11,11 @@ import pytest
 import torch
 from e2e import ledger, vesper
 
+from vesper.common.dataset_files import resolve_dataset
 from vesper.common.privacy.accounting import epsilon_of
 from vesper.common.privacy.events import event_to_json
 from vesper.common.privacy.ledger import composed_event
 from vesper.common.wire import encode_tensor
-from vesper.common.dataset_files import resolve_dataset
 from vesper.coordinator.processes import LocalCluster
 from vesper.coordinator.synthetic import SyntheticSpec, generate, save_npz
 from vesper.proto.v1 import accountant_pb2 as acc
