@@ -52,10 +52,6 @@ def start_server(listen: str, services: list[Registration], max_message_mb: int)
     return server, port
 
 
-def host_of(listen: str) -> str:
-    return listen.rsplit(":", 1)[0]
-
-
 def write_ready_file(path: Path | None, **ports: int | str) -> None:
     """Tell whoever started us where we listen (written atomically once serving)."""
     if path is None:

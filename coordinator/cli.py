@@ -137,12 +137,6 @@ def _overrides(**kw: Any) -> dict[str, Any]:
     }
 
 
-def _metric_text(summary: RunSummary) -> str:
-    if summary.test_metric is None:
-        return "-"
-    return f"{summary.test_metric.value:.4f}"
-
-
 def print_summaries(summaries: list[RunSummary]) -> None:
     table = Table(box=box.SIMPLE_HEAD)
     for column in ("run", "extractor", "status", "test", "ε / budget", "time"):

@@ -59,12 +59,3 @@ def add_edge(graph: Graph, u: int, v: int) -> Graph:
     src = torch.repeat_interleave(torch.arange(graph.num_nodes), indptr[1:] - indptr[:-1])
     edges = torch.stack([src, indices], 1)
     return build_graph(torch.cat([edges, torch.tensor([[u, v]])]), graph.num_nodes).to(graph.device)
-
-
-def remove_edge(graph: Graph, u: int, v: int) -> Graph:
-    """The neighbouring graph with the undirected edge (u, v) removed (tests and audits)."""
-    indptr, indices = graph.indptr.cpu(), graph.indices.cpu()
-    src = torch.repeat_interleave(torch.arange(graph.num_nodes), indptr[1:] - indptr[:-1])
-    keep = ~(((src == u) & (indices == v)) | ((src == v) & (indices == u)))
-    edges = torch.stack([src[keep], indices[keep]], 1)
-    return build_graph(edges, graph.num_nodes).to(graph.device)
