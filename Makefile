@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test proto check-proto clean
+.PHONY: demo test bench-accounting proto check-proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,10 +22,18 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# a benchmark command, not a timed test: calibration time and peak memory per accountant
+bench-accounting: $(STAMP)
+	$(BIN)/vesper bench accounting --steps 1000 --steps 10000
+
 proto: $(STAMP)
 	$(BIN)/python -m vesper.proto.generate
 
-check-proto: $(STAMP)
+check-# a benchmark command, not a timed test: calibration time and peak memory per accountant
+bench-accounting: $(STAMP)
+	$(BIN)/vesper bench accounting --steps 1000 --steps 10000
+
+proto: $(STAMP)
 	$(BIN)/python -m vesper.proto.generate --check
 
 clean:

@@ -1,9 +1,15 @@
 """The accountant's rules: create runs, charge releases write-ahead, refuse what the budget cannot cover.
 
-A charge is checked (run active, sequence number next, event equal to the run's
-declared release event), then ε after the charge is computed from the counted
+A charge is checked (run active, release key new or an exact retry, event equal to
+the run's rule for its kind), then ε after the charge is computed from the counted
 releases; if it exceeds the budget nothing is written and the charge is refused.
 Otherwise the row is committed to SQLite and only then acknowledged.
+
+Charges of one run are serialised by a per-run lock, so several workers of party A
+may charge concurrently: each gets the next ledger position in commit order. A charge
+whose release key is already in the ledger is a retry (a network fault hid the first
+receipt): it returns the stored receipt and writes nothing, so nothing is charged
+twice.
 """
 
 from __future__ import annotations
@@ -11,24 +17,36 @@ from __future__ import annotations
 import math
 import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import dp_accounting as dpa
 
 from vesper.accountant.ledger_store import LedgerStore
-from vesper.common.privacy.accounting import EpsilonResult, calibrate, epsilon_of
+from vesper.common.privacy.accounting import calibrate
 from vesper.common.privacy.events import EventError, event_from_json, event_to_json
 from vesper.common.privacy.ledger import (
     ASSUMPTIONS,
+    KINDS,
+    ChargeRule,
+    CurvePoint,
     LedgerRow,
+    PlannedPass,
+    PlanRule,
     RunRecord,
     RunStatusView,
+    Spent,
+    assumption_text,
+    bound6_epsilon,
+    check_hidden_batch_events,
     composed_event,
-    counted_releases,
+    counted_per_kind,
     is_counted,
-    plan_epsilon,
+    spent,
 )
+
+ACCOUNTANTS = ("pld", "rdp")
 
 
 class AccountantError(Exception):
@@ -43,17 +61,34 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
+def _invalid(message: str) -> AccountantError:
+    return AccountantError("INVALID_ARGUMENT", message)
+
+
 @dataclass
 class _RunState:
     """What the ledger implies about a run, kept in memory to decide charges quickly."""
 
     record: RunRecord
-    event: dpa.DpEvent
+    events: dict[str, dpa.DpEvent]
     next_seq: int = 0
-    counted: int = 0
+    counted: Counter = field(default_factory=Counter)
     per_pass: Counter = field(default_factory=Counter)
-    spent: EpsilonResult = EpsilonResult(0.0, "gaussian-exact")
+    pass_kind: dict[str, str] = field(default_factory=dict)
+    spent: Spent = field(
+        default_factory=lambda: Spent(epsilon=0.0, accountant="none", epsilon_events=0.0, events_accountant="none")
+    )
+    curve: list[CurvePoint] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, row: LedgerRow, after: Spent) -> None:
+        self.next_seq = row.seq + 1
+        self.per_pass[row.pass_id] += 1
+        self.pass_kind.setdefault(row.pass_id, row.kind)
+        self.counted[row.kind] += int(row.counted)
+        self.spent = after
+        if row.counted:
+            self.curve.append(CurvePoint(seq=row.seq, epsilon=row.epsilon_after))
 
 
 class Accountant:
@@ -62,30 +97,90 @@ class Accountant:
         self._runs: dict[str, _RunState] = {}
         self._lock = threading.Lock()
 
+    # -- validation ---------------------------------------------------------------------------
+    @staticmethod
+    def _check_common(accounting: str, accountant: str, delta: float) -> None:
+        if accounting not in ASSUMPTIONS:
+            raise _invalid(f"unknown accounting mode {accounting!r}; known: {sorted(ASSUMPTIONS)}")
+        if accountant not in ACCOUNTANTS:
+            raise _invalid(f"unknown accountant {accountant!r}; known: {list(ACCOUNTANTS)}")
+        if not 0 < delta < 1:
+            raise _invalid(f"delta must be in (0, 1), got {delta}")
+
+    @staticmethod
+    def _parse_event(event_json: str) -> dpa.DpEvent:
+        try:
+            return event_from_json(event_json)
+        except EventError as exc:
+            raise _invalid(f"bad release event: {exc}") from None
+
+    def _parse_rules(self, rules: list[ChargeRule], accounting: str) -> dict[str, dpa.DpEvent]:
+        kinds = [rule.kind for rule in rules]
+        if len(set(kinds)) != len(kinds):
+            raise _invalid(f"one rule per kind of release, got kinds {kinds}")
+        if "train" not in kinds:
+            raise _invalid("a run needs a rule for its train releases")
+        events = {rule.kind: self._parse_event(rule.release_event) for rule in rules}
+        if accounting == "hidden-batch":
+            try:
+                check_hidden_batch_events(events)
+            except ValueError as exc:
+                raise _invalid(str(exc)) from None
+            if next(r for r in rules if r.kind == "train").participation_bound is not None:
+                raise _invalid("hidden-batch counts every training step: no participation bound for train")
+        return events
+
     # -- plans -------------------------------------------------------------------------------
     def calibrate_gaussian(
-        self, pass_sizes: list[int], participation_bound: int | None, target_epsilon: float, delta: float
-    ) -> tuple[float, EpsilonResult, int]:
-        counted = counted_releases(pass_sizes, participation_bound)
-        if counted == 0:
-            raise AccountantError("INVALID_ARGUMENT", "nothing to calibrate: the plan counts no release")
-        if not 0 < delta < 1:
-            raise AccountantError("INVALID_ARGUMENT", f"delta must be in (0, 1), got {delta}")
+        self, passes: list[PlannedPass], plan_rules: list[PlanRule], target_epsilon: float, delta: float,
+        accounting: str, accountant: str,
+    ) -> tuple[float, Spent, list[ChargeRule], int]:
+        """Smallest z whose plan, charged as the ledger would charge it, stays within the target."""
+        self._check_common(accounting, accountant, delta)
+        bounds = {rule.kind: rule.participation_bound for rule in plan_rules}
+        if len(bounds) != len(plan_rules):
+            raise _invalid("one rule per kind of release")
         try:
-            z, result = calibrate(
-                lambda z: composed_event(dpa.GaussianDpEvent(z), counted), target_epsilon, delta
-            )
+            counted = counted_per_kind(passes, bounds)
         except ValueError as exc:
-            raise AccountantError("INVALID_ARGUMENT", str(exc)) from None
-        return z, result, counted
+            raise _invalid(str(exc)) from None
+        if sum(counted.values()) == 0:
+            raise _invalid("nothing to calibrate: the plan counts no release")
+
+        def events(z: float) -> dict[str, dpa.DpEvent]:
+            return {rule.kind: rule.event(z) for rule in plan_rules}
+
+        def charged(z: float) -> Spent:
+            return spent(accounting, accountant, delta, events(z), counted)
+
+        try:
+            if accounting == "hidden-batch":
+                check_hidden_batch_events(events(1.0))
+            z, _ = calibrate(
+                lambda z: composed_event(events(z), counted), target_epsilon, delta, accountant=accountant
+            )
+            if accounting == "hidden-batch":
+                # both numbers fall as z grows, so the plan fits at the larger of the two z's
+                bound6 = lambda z: bound6_epsilon(events(z), counted, delta)[0]  # noqa: E731
+                z = max(z, _calibrate_number(bound6, target_epsilon))
+        except ValueError as exc:
+            raise _invalid(str(exc)) from None
+        rules = [
+            ChargeRule(kind=r.kind, release_event=event_to_json(r.event(z)), participation_bound=r.participation_bound)
+            for r in plan_rules
+        ]
+        return z, charged(z), rules, sum(counted.values())
 
     def estimate(
-        self, event_json: str, pass_sizes: list[int], participation_bound: int | None, delta: float
-    ) -> tuple[EpsilonResult, int]:
-        event = self._parse_event(event_json)
-        if not 0 < delta < 1:
-            raise AccountantError("INVALID_ARGUMENT", f"delta must be in (0, 1), got {delta}")
-        return plan_epsilon(event, pass_sizes, participation_bound, delta)
+        self, rules: list[ChargeRule], passes: list[PlannedPass], delta: float, accounting: str, accountant: str
+    ) -> tuple[Spent, int]:
+        self._check_common(accounting, accountant, delta)
+        events = self._parse_rules(rules, accounting)
+        try:
+            counted = counted_per_kind(passes, {r.kind: r.participation_bound for r in rules})
+        except ValueError as exc:
+            raise _invalid(str(exc)) from None
+        return spent(accounting, accountant, delta, events, counted), sum(counted.values())
 
     # -- runs --------------------------------------------------------------------------------
     def create_run(
@@ -93,40 +188,42 @@ class Accountant:
         run_id: str,
         privacy_unit: str,
         accounting: str,
+        accountant: str,
         epsilon_budget: float,
         delta: float,
-        release_event: str,
-        participation_bound: int | None,
+        rules: list[ChargeRule],
         extractor: str,
         details: dict,
+        assumption_note: str = "",
     ) -> RunStatusView:
-        if accounting not in ASSUMPTIONS:
-            raise AccountantError("INVALID_ARGUMENT", f"unknown accounting mode {accounting!r}; known: {sorted(ASSUMPTIONS)}")
+        self._check_common(accounting, accountant, delta)
         if math.isnan(epsilon_budget) or epsilon_budget <= 0:
-            raise AccountantError("INVALID_ARGUMENT", f"epsilon budget must be > 0, got {epsilon_budget}")
-        if not 0 < delta < 1:
-            raise AccountantError("INVALID_ARGUMENT", f"delta must be in (0, 1), got {delta}")
+            raise _invalid(f"epsilon budget must be > 0, got {epsilon_budget}")
         if not run_id or len(run_id) > 64:
-            raise AccountantError("INVALID_ARGUMENT", "run id must have 1 to 64 characters")
-        event = self._parse_event(release_event)
+            raise _invalid("run id must have 1 to 64 characters")
+        if len(assumption_note) > 1000:
+            raise _invalid("the assumption note is limited to 1000 characters")
+        events = self._parse_rules(rules, accounting)
         record = RunRecord(
             run_id=run_id,
             created_at=_now(),
             privacy_unit=privacy_unit,
             accounting=accounting,
-            assumption=ASSUMPTIONS[accounting],
+            assumption=assumption_text(accounting, assumption_note),
+            accountant=accountant,
             epsilon_budget=epsilon_budget,
             delta=delta,
-            release_event=event_to_json(event),
-            participation_bound=participation_bound,
+            rules=[rule.model_copy(update={"release_event": event_to_json(events[rule.kind])}) for rule in rules],
             extractor=extractor,
             details=details,
         )
+        state = _RunState(record, events)
+        state.spent = spent(accounting, accountant, delta, events, {})
         with self._lock:
             if self.store.get_run(run_id) is not None:
                 raise AccountantError("ALREADY_EXISTS", f"run {run_id!r} already exists")
             self.store.insert_run(record)
-            self._runs[run_id] = _RunState(record, event)
+            self._runs[run_id] = state
         return self.status(run_id)
 
     def _state(self, run_id: str) -> _RunState:
@@ -137,59 +234,78 @@ class Accountant:
             record = self.store.get_run(run_id)
             if record is None:
                 raise AccountantError("NOT_FOUND", f"unknown run id {run_id!r}")
-            state = _RunState(record, event_from_json(record.release_event))
-            for row in self.store.charges(run_id):
-                state.next_seq = row.seq + 1
-                state.per_pass[row.pass_id] += 1
-                state.counted += int(row.counted)
-            state.spent = epsilon_of(composed_event(state.event, state.counted), record.delta)
+            events = {rule.kind: event_from_json(rule.release_event) for rule in record.rules}
+            state = _RunState(record, events)
+            rows = self.store.charges(run_id)
+            for row in rows:
+                state.add(row, state.spent)
+            state.spent = spent(record.accounting, record.accountant, record.delta, events, state.counted)
             self._runs[run_id] = state
             return state
 
-    def charge(self, run_id: str, seq: int, pass_id: str, kind: str, num_nodes: int, event_json: str) -> LedgerRow:
+    def charge(
+        self, run_id: str, release_key: str, pass_id: str, kind: str, num_nodes: int, nodes_digest: str,
+        event_json: str,
+    ) -> tuple[LedgerRow, bool]:
+        """Charge one release; returns the ledger row and whether it was a retry of an earlier charge."""
         state = self._state(run_id)
         with state.lock:
             record = state.record
+            if not release_key or len(release_key) > 128:
+                raise _invalid("a charge needs a release key of 1 to 128 characters")
+            earlier = self.store.charge_by_key(run_id, release_key)
+            if earlier is not None:
+                same = (earlier.pass_id, earlier.kind, earlier.num_nodes, earlier.nodes_digest) == (
+                    pass_id, kind, num_nodes, nodes_digest
+                ) and self._parse_event(event_json) == self._parse_event(earlier.release_event)
+                if not same:
+                    raise AccountantError(
+                        "ALREADY_EXISTS",
+                        f"release key {release_key!r} of run {run_id!r} was charged for a different release "
+                        f"(seq {earlier.seq}); a retry must repeat the original charge exactly",
+                    )
+                return earlier, True
             if record.status != "active":
                 raise AccountantError("FAILED_PRECONDITION", f"run {run_id!r} is {record.status}; it takes no more charges")
-            if seq < state.next_seq:
-                raise AccountantError("ALREADY_EXISTS", f"charge {seq} of run {run_id!r} is a replay; the next is {state.next_seq}")
-            if seq > state.next_seq:
-                raise AccountantError("FAILED_PRECONDITION", f"charge {seq} skips ahead; the next charge of run {run_id!r} is {state.next_seq}")
-            if kind not in ("train", "eval"):
-                raise AccountantError("INVALID_ARGUMENT", f"kind must be train or eval, got {kind!r}")
+            if kind not in KINDS:
+                raise _invalid(f"kind must be train or eval, got {kind!r}")
+            rule = record.rule(kind)
+            if rule is None:
+                raise _invalid(f"run {run_id!r} has no rule for {kind} releases")
             if not pass_id or num_nodes <= 0:
-                raise AccountantError("INVALID_ARGUMENT", "a charge needs a pass id and at least one node")
-            if self._parse_event(event_json) != state.event:
-                raise AccountantError("INVALID_ARGUMENT", "release event differs from the one declared for this run")
-            counted = is_counted(state.per_pass[pass_id], record.participation_bound)
-            total = state.counted + int(counted)
-            spent = epsilon_of(composed_event(state.event, total), record.delta)
-            if spent.epsilon > record.epsilon_budget:
+                raise _invalid("a charge needs a pass id and at least one node")
+            if state.pass_kind.get(pass_id, kind) != kind:
+                raise _invalid(f"pass {pass_id!r} holds {state.pass_kind[pass_id]} releases, not {kind}")
+            if self._parse_event(event_json) != state.events[kind]:
+                raise _invalid(f"release event differs from the one declared for this run's {kind} releases")
+            counted = is_counted(state.per_pass[pass_id], rule.participation_bound)
+            after = state.spent
+            if counted:
+                totals = Counter(state.counted)
+                totals[kind] += 1
+                after = spent(record.accounting, record.accountant, record.delta, state.events, totals)
+            if after.epsilon > record.epsilon_budget:
                 raise AccountantError(
                     "RESOURCE_EXHAUSTED",
                     f"budget exhausted: this release would raise epsilon from {state.spent.epsilon:.6g} "
-                    f"to {spent.epsilon:.6g}, above the budget {record.epsilon_budget:g} (delta={record.delta:.3g})",
+                    f"to {after.epsilon:.6g}, above the budget {record.epsilon_budget:g} (delta={record.delta:.3g})",
                 )
             row = LedgerRow(
-                run_id=run_id, seq=seq, pass_id=pass_id, kind=kind, num_nodes=num_nodes,
-                release_event=record.release_event, counted=counted, epsilon_after=spent.epsilon,
-                accountant=spent.accountant, created_at=_now(),
+                run_id=run_id, seq=state.next_seq, release_key=release_key, nodes_digest=nodes_digest,
+                pass_id=pass_id, kind=kind, num_nodes=num_nodes, release_event=rule.release_event,
+                counted=counted, epsilon_after=after.epsilon, accountant=after.accountant, created_at=_now(),
             )
             self.store.append_charge(row)
-            state.next_seq += 1
-            state.per_pass[pass_id] += 1
-            state.counted = total
-            state.spent = spent
-            return row
+            state.add(row, after)
+            return row, False
 
     def close_run(self, run_id: str, status: str, reason: str) -> RunStatusView:
         if status not in ("completed", "failed", "refused", "cancelled"):
-            raise AccountantError("INVALID_ARGUMENT", f"cannot close a run as {status!r}")
+            raise _invalid(f"cannot close a run as {status!r}")
         state = self._state(run_id)
         with state.lock:
             if state.record.status == "active":
-                state.record = state.record.model_copy(update={"status": status, "closed_at": _now(), "closed_reason": reason})
+                state.record = state.record.model_copy(update={"status": status, "closed_at": _now(), "closed_reason": reason[:2000]})
                 self.store.update_run(state.record)
         return self.status(run_id)
 
@@ -204,26 +320,46 @@ class Accountant:
                 accounting=record.accounting,
                 assumption=record.assumption,
                 accountant=state.spent.accountant,
+                accountant_requested=record.accountant,
                 epsilon_budget=record.epsilon_budget,
                 epsilon_spent=state.spent.epsilon,
+                epsilon_events=state.spent.epsilon_events,
+                epsilon_bound6=state.spent.epsilon_bound6,
                 delta=record.delta,
                 charges=state.next_seq,
-                counted_charges=state.counted,
-                participation_bound=record.participation_bound,
-                release_event=record.release_event,
+                counted_charges=sum(state.counted.values()),
+                rules=record.rules,
                 extractor=record.extractor,
                 details=record.details,
                 created_at=record.created_at,
                 closed_at=record.closed_at,
                 closed_reason=record.closed_reason,
+                epsilon_curve=list(state.curve),
             )
 
     def list_runs(self) -> list[RunStatusView]:
         return [self.status(record.run_id) for record in self.store.list_runs()]
 
-    @staticmethod
-    def _parse_event(event_json: str) -> dpa.DpEvent:
-        try:
-            return event_from_json(event_json)
-        except EventError as exc:
-            raise AccountantError("INVALID_ARGUMENT", f"bad release event: {exc}") from None
+
+def _calibrate_number(epsilon_at: Callable[[float], float], target: float) -> float:
+    """Smallest z (to 1e-9 relative) with epsilon_at(z) ≤ target; epsilon_at falls as z grows.
+
+    Bisection in log z, returning the end of the bracket that satisfies the target.
+    """
+    if not target > 0 or math.isinf(target):
+        raise ValueError(f"target epsilon must be finite and > 0, got {target}")
+    high = 1.0
+    while epsilon_at(high) > target:
+        high *= 2.0
+        if high > 1e6:
+            raise ValueError(f"no noise multiplier up to 1e6 brings this plan to epsilon <= {target}")
+    low = high / 2.0
+    while low > 1e-6 and epsilon_at(low) <= target:
+        high, low = low, low / 2.0
+    while high / low - 1.0 > 1e-9:
+        mid = math.sqrt(low * high)
+        if epsilon_at(mid) <= target:
+            high = mid
+        else:
+            low = mid
+    return high

@@ -16,6 +16,8 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE TABLE IF NOT EXISTS charges (
     run_id TEXT NOT NULL REFERENCES runs(run_id),
     seq INTEGER NOT NULL,
+    release_key TEXT NOT NULL,       -- party A's name for the release; a retry reuses it
+    nodes_digest TEXT NOT NULL,
     pass_id TEXT NOT NULL,
     kind TEXT NOT NULL,
     num_nodes INTEGER NOT NULL,
@@ -24,9 +26,23 @@ CREATE TABLE IF NOT EXISTS charges (
     epsilon_after REAL NOT NULL,
     accountant TEXT NOT NULL,
     created_at TEXT NOT NULL,
-    PRIMARY KEY (run_id, seq)
+    PRIMARY KEY (run_id, seq),
+    UNIQUE (run_id, release_key)
 );
 """
+
+
+SCHEMA_VERSION = 2  # 2: release keys and per-kind charge rules
+
+
+class LedgerSchemaError(RuntimeError):
+    """The ledger file was written by an accountant with a different schema."""
+
+
+_COLUMNS = (
+    "run_id", "seq", "release_key", "nodes_digest", "pass_id", "kind", "num_nodes", "release_event",
+    "counted", "epsilon_after", "accountant", "created_at",
+)
 
 
 class LedgerStore:
@@ -38,8 +54,20 @@ class LedgerStore:
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
+        self._check_schema_version()
         self._db.executescript(_SCHEMA)
+        self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self._lock = threading.Lock()
+
+    def _check_schema_version(self) -> None:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        has_tables = self._db.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]
+        if has_tables and version != SCHEMA_VERSION:
+            self._db.close()
+            raise LedgerSchemaError(
+                f"ledger {self.path} has schema version {version}, this accountant writes version "
+                f"{SCHEMA_VERSION}; keep the old file for audits and start a new ledger file"
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -67,24 +95,21 @@ class LedgerStore:
         """Insert one charge; returns only after SQLite has committed it."""
         with self._lock:
             self._db.execute(
-                "INSERT INTO charges VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO charges VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
-                    row.run_id, row.seq, row.pass_id, row.kind, row.num_nodes, row.release_event,
+                    row.run_id, row.seq, row.release_key, row.nodes_digest, row.pass_id, row.kind, row.num_nodes, row.release_event,
                     int(row.counted), row.epsilon_after, row.accountant, row.created_at,
                 ),
             )
 
     def charges(self, run_id: str) -> list[LedgerRow]:
+        return self._select("WHERE run_id = ? ORDER BY seq", (run_id,))
+
+    def charge_by_key(self, run_id: str, release_key: str) -> LedgerRow | None:
+        rows = self._select("WHERE run_id = ? AND release_key = ?", (run_id, release_key))
+        return rows[0] if rows else None
+
+    def _select(self, where: str, args: tuple) -> list[LedgerRow]:
         with self._lock:
-            rows = self._db.execute(
-                "SELECT run_id, seq, pass_id, kind, num_nodes, release_event, counted, epsilon_after,"
-                " accountant, created_at FROM charges WHERE run_id = ? ORDER BY seq",
-                (run_id,),
-            ).fetchall()
-        return [
-            LedgerRow(
-                run_id=r[0], seq=r[1], pass_id=r[2], kind=r[3], num_nodes=r[4], release_event=r[5],
-                counted=bool(r[6]), epsilon_after=r[7], accountant=r[8], created_at=r[9],
-            )
-            for r in rows
-        ]
+            rows = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM charges {where}", args).fetchall()
+        return [LedgerRow(**dict(zip(_COLUMNS, r, strict=True))) for r in rows]

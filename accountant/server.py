@@ -14,6 +14,7 @@ from vesper.accountant.budget import Accountant
 from vesper.accountant.ledger_store import LedgerStore
 from vesper.accountant.rest import create_app
 from vesper.accountant.service import AccountantService
+from vesper.common.charge_token import ensure_token
 from vesper.common.config import AccountantConfig
 from vesper.common.grpc_server import start_server, write_ready_file
 from vesper.proto.v1 import accountant_pb2, accountant_pb2_grpc
@@ -31,12 +32,13 @@ def _bind(listen: str) -> socket.socket:
 
 
 def serve(config: AccountantConfig, ready_file: Path | None = None) -> None:
+    token = ensure_token(config.charge_token_file)
     store = LedgerStore(config.ledger)
     accountant = Accountant(store)
     name = accountant_pb2.DESCRIPTOR.services_by_name["Accountant"].full_name
     grpc_server, grpc_port = start_server(
         config.listen,
-        [(accountant_pb2_grpc.add_AccountantServicer_to_server, AccountantService(accountant), name)],
+        [(accountant_pb2_grpc.add_AccountantServicer_to_server, AccountantService(accountant, token), name)],
         max_message_mb=16,
     )
     rest_socket = _bind(config.rest_listen)
@@ -47,7 +49,10 @@ def serve(config: AccountantConfig, ready_file: Path | None = None) -> None:
         while not server.started and not server.should_exit:
             time.sleep(0.02)
         if server.started:
-            log.info("accountant: gRPC on port %d, REST on http://%s:%d, ledger %s", grpc_port, rest_host, rest_port, config.ledger)
+            log.info(
+                "accountant: gRPC on port %d, REST on http://%s:%d, ledger %s, charge token %s",
+                grpc_port, rest_host, rest_port, config.ledger, config.charge_token_file,
+            )
             write_ready_file(ready_file, grpc_port=grpc_port, rest_port=rest_port, rest_url=f"http://{rest_host}:{rest_port}")
 
     threading.Thread(target=announce, daemon=True).start()

@@ -1,39 +1,79 @@
-"""The accountant's gRPC service (``vesper.v1.Accountant``): a thin layer over :mod:`budget`."""
+"""The accountant's gRPC service (``vesper.v1.Accountant``): a thin layer over :mod:`budget`.
+
+Spending needs party A's credential: CreateRun, Charge and CloseRun require the
+metadata ``authorization: Bearer <charge token>``. Calibrate, Estimate and GetRun
+only read, so party B (or any auditor) can call them without it.
+"""
 
 from __future__ import annotations
 
+import hmac
 import json
 from collections.abc import Callable
 from typing import TypeVar
 
-import dp_accounting as dpa
 import grpc
 
 from vesper.accountant.budget import Accountant, AccountantError
-from vesper.common.privacy.events import event_to_json
-from vesper.common.privacy.ledger import RunStatusView
+from vesper.common.privacy.ledger import ChargeRule, PlannedPass, PlanRule, RunStatusView
 from vesper.proto.v1 import accountant_pb2 as pb
 from vesper.proto.v1 import accountant_pb2_grpc as pb_grpc
 
 T = TypeVar("T")
 
 
-def _bound(plan_or_request: object) -> int | None:
-    return plan_or_request.participation_bound if plan_or_request.HasField("participation_bound") else None
+def _optional(message: object, name: str) -> int | None:
+    return getattr(message, name) if message.HasField(name) else None
 
 
 def status_message(view: RunStatusView) -> pb.RunStatus:
-    return pb.RunStatus(
+    message = pb.RunStatus(
         run_id=view.run_id, status=view.status, epsilon_budget=view.epsilon_budget,
         epsilon_spent=view.epsilon_spent, delta=view.delta, accounting=view.accounting,
         assumption=view.assumption, charges=view.charges, counted_charges=view.counted_charges,
         accountant=view.accountant,
     )
+    if view.accounting == "hidden-batch":
+        message.epsilon_events = view.epsilon_events
+        if view.epsilon_bound6 is not None:
+            message.epsilon_bound6 = view.epsilon_bound6
+    return message
+
+
+def rule_message(rule: ChargeRule) -> pb.ChargeRule:
+    message = pb.ChargeRule(kind=rule.kind, release_event_json=rule.release_event)
+    if rule.participation_bound is not None:
+        message.participation_bound = rule.participation_bound
+    return message
+
+
+def _rules(messages) -> list[ChargeRule]:
+    return [
+        ChargeRule(kind=m.kind, release_event=m.release_event_json, participation_bound=_optional(m, "participation_bound"))
+        for m in messages
+    ]
+
+
+def _passes(messages) -> list[PlannedPass]:
+    return [PlannedPass(kind=m.kind, releases=m.releases) for m in messages]
+
+
+def _plan_rules(messages) -> list[PlanRule]:
+    return [
+        PlanRule(
+            kind=m.kind, participation_bound=_optional(m, "participation_bound"),
+            sampling_probability=m.sampling_probability or 1.0, noise_scale=m.noise_scale or 1.0,
+        )
+        for m in messages
+    ]
 
 
 class AccountantService(pb_grpc.AccountantServicer):
-    def __init__(self, accountant: Accountant) -> None:
+    def __init__(self, accountant: Accountant, charge_token: str) -> None:
+        if len(charge_token) < 16:
+            raise ValueError("the charge token must have at least 16 characters")
         self.accountant = accountant
+        self._expected = f"Bearer {charge_token}".encode()
 
     @staticmethod
     def _call(context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
@@ -41,31 +81,45 @@ class AccountantService(pb_grpc.AccountantServicer):
             return fn()
         except AccountantError as exc:
             context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
+        except ValueError as exc:  # a pydantic model refused a field of the request
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc).splitlines()[0] if str(exc) else "invalid request")
+
+    def _authorize(self, context: grpc.ServicerContext, what: str) -> None:
+        presented = dict(context.invocation_metadata()).get("authorization", "")
+        if not hmac.compare_digest(presented.encode(), self._expected):
+            context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"{what} needs party A's charge token (metadata 'authorization: Bearer <token>'); "
+                "reading a budget does not",
+            )
 
     def Calibrate(self, request: pb.CalibrateRequest, context: grpc.ServicerContext) -> pb.CalibrateReply:
         if request.mechanism != "gaussian":
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown mechanism {request.mechanism!r}; expected gaussian")
-        z, result, counted = self._call(
+        z, result, rules, counted = self._call(
             context,
             lambda: self.accountant.calibrate_gaussian(
-                list(request.plan.pass_sizes), _bound(request.plan), request.target_epsilon, request.delta
+                _passes(request.plan.passes), _plan_rules(request.plan.rules), request.target_epsilon,
+                request.delta, request.accounting or "visible-batch", request.accountant or "pld",
             ),
         )
         return pb.CalibrateReply(
             noise_multiplier=z, epsilon=result.epsilon, accountant=result.accountant,
-            release_event_json=event_to_json(dpa.GaussianDpEvent(z)), counted_releases=counted,
+            rules=[rule_message(rule) for rule in rules], counted_releases=counted,
         )
 
     def Estimate(self, request: pb.EstimateRequest, context: grpc.ServicerContext) -> pb.EstimateReply:
         result, counted = self._call(
             context,
             lambda: self.accountant.estimate(
-                request.release_event_json, list(request.plan.pass_sizes), _bound(request.plan), request.delta
+                _rules(request.rules), _passes(request.passes), request.delta,
+                request.accounting or "visible-batch", request.accountant or "pld",
             ),
         )
         return pb.EstimateReply(epsilon=result.epsilon, accountant=result.accountant, counted_releases=counted)
 
     def CreateRun(self, request: pb.CreateRunRequest, context: grpc.ServicerContext) -> pb.RunStatus:
+        self._authorize(context, "creating a run")
         try:
             details = json.loads(request.details_json) if request.details_json else {}
         except json.JSONDecodeError as exc:
@@ -73,29 +127,32 @@ class AccountantService(pb_grpc.AccountantServicer):
         view = self._call(
             context,
             lambda: self.accountant.create_run(
-                request.run_id, request.privacy_unit, request.accounting, request.epsilon_budget,
-                request.delta, request.release_event_json, _bound(request), request.extractor, details,
+                request.run_id, request.privacy_unit, request.accounting, request.accountant or "pld",
+                request.epsilon_budget, request.delta, _rules(request.rules), request.extractor, details,
+                request.assumption_note,
             ),
         )
         return status_message(view)
 
     def Charge(self, request: pb.ChargeRequest, context: grpc.ServicerContext) -> pb.ChargeReceipt:
-        row = self._call(
+        self._authorize(context, "charging a release")
+        row, replayed = self._call(
             context,
             lambda: self.accountant.charge(
-                request.run_id, request.seq, request.pass_id, request.kind, request.num_nodes,
-                request.release_event_json,
+                request.run_id, request.release_key, request.pass_id, request.kind, request.num_nodes,
+                request.nodes_digest, request.release_event_json,
             ),
         )
         view = self.accountant.status(request.run_id)
         return pb.ChargeReceipt(
             run_id=row.run_id, seq=row.seq, counted=row.counted, epsilon_spent=row.epsilon_after,
-            epsilon_budget=view.epsilon_budget,
+            epsilon_budget=view.epsilon_budget, replayed=replayed,
         )
 
     def GetRun(self, request: pb.GetRunRequest, context: grpc.ServicerContext) -> pb.RunStatus:
         return status_message(self._call(context, lambda: self.accountant.status(request.run_id)))
 
     def CloseRun(self, request: pb.CloseRunRequest, context: grpc.ServicerContext) -> pb.RunStatus:
+        self._authorize(context, "closing a run")
         view = self._call(context, lambda: self.accountant.close_run(request.run_id, request.status, request.reason))
         return status_message(view)

@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 ExtractorName = Literal["mlp", "pmp-gin", "pmp-gcn"]
 DecoderName = Literal["concat", "gru"]
-AccountingMode = Literal["visible-batch"]
+AccountingMode = Literal["visible-batch", "hidden-batch"]
+AccountantName = Literal["pld", "rdp"]
 WireDTypeName = Literal["float32", "bfloat16"]
 
 
@@ -44,6 +45,12 @@ class ExtractorConfig(_Model):
         gt=0,
         description="fixed z = noise std / sensitivity instead of calibrating it to epsilon",
     )
+    degree_bound: int = Field(
+        0,
+        ge=0,
+        description="D of the stable degree projection A applies to its graph before reading it; "
+        "0 = none (needed for a participation bound with layers >= 2)",
+    )
 
 
 class DecoderConfig(_Model):
@@ -65,7 +72,19 @@ class OptimizerConfig(_Model):
 class PrivacyConfig(_Model):
     epsilon: float = Field(8.0, description="edge-level budget; inf = no noise and no budget")
     delta: float | None = Field(None, description="default 1/|E| of party A's graph")
-    accounting: AccountingMode = "visible-batch"
+    accounting: AccountingMode = Field(
+        "visible-batch",
+        description="visible-batch (B sees each batch; the default) or hidden-batch (the paper's "
+        "Theorem 2.1, which assumes B cannot tell which edges a step used: reproduction only)",
+    )
+    accountant: AccountantName = Field("pld", description="pld (tighter) or rdp")
+    edge_sample_rate: float | None = Field(
+        None,
+        gt=0.0,
+        lt=1.0,
+        description="q: per release, A keeps a secret Poisson sample of its edges at this rate "
+        "and is credited for it (visible-batch); unset = every edge",
+    )
 
     @field_validator("epsilon")
     @classmethod
@@ -105,6 +124,32 @@ class RunConfig(_Model):
                 f"extractor.d_min={ex.d_min} exceeds extractor.fanout={ex.fanout}: with at most "
                 "D sampled neighbours no node could reach D_min, so every message would be blocked"
             )
+        if ex.degree_bound and ex.fanout and ex.fanout < ex.degree_bound:
+            raise ValueError(
+                f"extractor.fanout={ex.fanout} is below extractor.degree_bound={ex.degree_bound}: with a "
+                "degree projection the extractor reads every kept neighbour; set fanout to 0"
+            )
+        if ex.name == "pmp-gcn" and ex.degree_bound and ex.d_min > ex.degree_bound:
+            raise ValueError(
+                f"extractor.d_min={ex.d_min} exceeds extractor.degree_bound={ex.degree_bound}: no node "
+                "could reach D_min, so every message would be blocked"
+            )
+        if self.privacy.edge_sample_rate is not None and ex.degree_bound:
+            raise ValueError(
+                "privacy.edge_sample_rate cannot be combined with extractor.degree_bound: through the "
+                "projection one edge can change three, and the Poisson credit covers one"
+            )
+        if self.privacy.accounting == "hidden-batch":
+            if self.privacy.edge_sample_rate is not None:
+                raise ValueError(
+                    "privacy.edge_sample_rate is a visible-batch credit; hidden-batch already assumes "
+                    "the paper's sampling amplification: choose one"
+                )
+            if ex.name != "mlp" and not ex.fanout and not ex.degree_bound:
+                raise ValueError(
+                    "hidden-batch needs the degree bound D of VESPER Theorem 2.1: set extractor.fanout "
+                    "or extractor.degree_bound"
+                )
         if math.isinf(self.privacy.epsilon) and ex.noise_multiplier is not None:
             raise ValueError(
                 "extractor.noise_multiplier is set but privacy.epsilon is inf (no noise): "
@@ -119,6 +164,9 @@ class PartyAConfig(_Model):
     accountant: str = Field("127.0.0.1:50053", description="the accountant's gRPC address")
     accountant_status_url: str = Field(
         "http://127.0.0.1:8080", description="the accountant's REST base URL, shown to users"
+    )
+    accountant_token_file: Path | None = Field(
+        None, description="copy of the accountant's charge token file; needed to create and charge runs"
     )
     device: str = Field("cpu", description="torch device for A's hot path: cpu, cuda, cuda:1")
     workdir: Path = Path(".vesper/party_a")
@@ -147,6 +195,10 @@ class AccountantConfig(_Model):
     listen: str = "127.0.0.1:50053"
     rest_listen: str = "127.0.0.1:8080"
     ledger: Path = Path(".vesper/accountant/ledger.sqlite")
+    charge_token_file: Path = Field(
+        Path(".vesper/accountant/charge.token"),
+        description="party A's credential for creating runs and charging; created (0600) if missing",
+    )
 
 
 class CoordinatorConfig(_Model):
@@ -199,7 +251,11 @@ class RunSummary(_Model):
     epsilon_budget: float
     epsilon_spent: float
     delta: float
-    accountant: str = ""
+    accountant: str = Field("", description="what produced epsilon_spent")
+    accountant_requested: str = ""
+    assumption: str = ""
+    epsilon_events: float | None = Field(None, description="hidden-batch: dp-accounting's ε of the events")
+    epsilon_bound6: float | None = Field(None, description="hidden-batch: VESPER bound (6) with Lemma 2")
     test_metric: Metric | None = None
     val_metric: Metric | None = None
     steps: int = 0

@@ -58,6 +58,12 @@ class Decoder(str, Enum):
 
 class Accounting(str, Enum):
     visible_batch = "visible-batch"
+    hidden_batch = "hidden-batch"
+
+
+class AccountantChoice(str, Enum):
+    pld = "pld"
+    rdp = "rdp"
 
 
 class WireDType(str, Enum):
@@ -107,7 +113,19 @@ DecoderOpt = typer.Option(None, "--decoder", help="Party B's decoder.")
 EpsilonOpt = typer.Option(None, "--epsilon", help="Edge-level ε budget; 'inf' = no noise and no budget.")
 EpochsOpt = typer.Option(None, "--epochs", help="Training epochs.", min=1)
 SeedOpt = typer.Option(None, "--seed", help="Root order and initialisation seed (not party A's noise).", min=0)
-AccountingOpt = typer.Option(None, "--accounting", help="Accounting mode (privacy.md of the project).")
+AccountingOpt = typer.Option(
+    None, "--accounting",
+    help="visible-batch (default: B sees each batch) or hidden-batch (the paper's Theorem 2.1; assumes B "
+    "cannot tell which edges a step used, so it is a reproduction, not a guarantee against B).",
+)
+AccountantOpt = typer.Option(None, "--accountant", help="Numerical accountant: pld (tighter) or rdp.")
+DegreeBoundOpt = typer.Option(
+    None, "--degree-bound", help="D of the stable degree projection of A's graph (0 = none).", min=0
+)
+EdgeRateOpt = typer.Option(
+    None, "--edge-sample-rate",
+    help="q: A keeps a secret Poisson sample of its edges at this rate per release, credited under visible-batch.",
+)
 JsonOutOpt = typer.Option(None, "--json-out", help="Write the run summary as JSON to this file.")
 BatchOpt = typer.Option(None, "--batch-size", help="Roots per training step.", min=1)
 LayersOpt = typer.Option(None, "--layers", help="L, message-passing layers.", min=1)
@@ -125,6 +143,9 @@ def _overrides(**kw: Any) -> dict[str, Any]:
         "decoder.kind": kw["decoder"],
         "privacy.epsilon": _epsilon(kw["epsilon"]),
         "privacy.accounting": kw["accounting"],
+        "privacy.accountant": kw["accountant"],
+        "privacy.edge_sample_rate": kw["edge_sample_rate"],
+        "extractor.degree_bound": kw["degree_bound"],
         "epochs": kw["epochs"],
         "seed": kw["seed"],
         "batch_size": kw["batch_size"],
@@ -168,6 +189,12 @@ def print_summaries(summaries: list[RunSummary]) -> None:
             f"({s.accounting}, {s.accountant or 'no charges'}); {noise}",
             highlight=False,
         )
+        if s.accounting == "hidden-batch":
+            console.print(
+                f"  hidden-batch: ε from dp-accounting events {format_epsilon(s.epsilon_events)}, from the "
+                f"paper's bound (6) {format_epsilon(s.epsilon_bound6)}; charged the larger. {s.assumption}",
+                highlight=False,
+            )
         console.print(f"  status: {s.status_url}", highlight=False)
 
 
@@ -222,6 +249,9 @@ def train(
     epochs: Optional[int] = EpochsOpt,
     seed: Optional[int] = SeedOpt,
     accounting: Optional[Accounting] = AccountingOpt,
+    accountant: Optional[AccountantChoice] = AccountantOpt,
+    edge_sample_rate: Optional[float] = EdgeRateOpt,
+    degree_bound: Optional[int] = DegreeBoundOpt,
     batch_size: Optional[int] = BatchOpt,
     layers: Optional[int] = LayersOpt,
     fanout: Optional[int] = FanoutOpt,
@@ -246,16 +276,7 @@ def train(
     raise typer.Exit(EXIT_CODES[summary.status])
 
 
-@app.command()
-def status(
-    run_id: Optional[str] = typer.Argument(None, help="A run id; without it, list all runs."),
-    url: Optional[str] = typer.Option(None, "--url", help="The accountant's REST base URL (default: \\[coordinator].accountant_status_url)."),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file with \\[coordinator]."),
-    ledger_file: Optional[Path] = typer.Option(None, "--ledger", help="Read a ledger file directly instead of the REST endpoint."),
-    verify: bool = typer.Option(False, "--verify", help="Recompute ε locally from the run's ledger and compare."),
-    as_json: bool = typer.Option(False, "--json", help="Print the accountant's JSON instead of a table."),
-) -> None:
-    """Read privacy budgets from the accountant's REST status endpoint."""
+def _status_source(url: str | None, config: Path | None, ledger_file: Path | None):
     from vesper.coordinator import status_client
 
     cfg = _load(config)
@@ -263,21 +284,67 @@ def status(
     if ledger_file is not None:
         if not ledger_file.is_file():
             _fail(f"no ledger file at {ledger_file}")
-        base = status_client.LedgerFile(ledger_file)
+        return status_client.LedgerFile(ledger_file)
+    return base
+
+
+UrlOpt = typer.Option(None, "--url", help="The accountant's REST base URL (default: \\[coordinator].accountant_status_url).")
+StatusConfigOpt = typer.Option(None, "--config", "-c", help="TOML file with \\[coordinator].")
+LedgerOpt = typer.Option(None, "--ledger", help="Read a ledger file directly instead of the REST endpoint.")
+
+
+def _bounds_text(view) -> str:
+    parts = []
+    for rule in view.rules:
+        bound = "every release" if rule.participation_bound is None else str(rule.participation_bound)
+        parts.append(f"{rule.kind} N_e={bound}")
+    return ", ".join(parts)
+
+
+def _print_verification(result) -> None:
+    if not result.consistent:
+        _fail("ledger does not replay: " + "; ".join(result.problems), 4)
+    extra = ""
+    if result.epsilon_bound6 is not None:
+        extra = f"; events {format_epsilon(result.epsilon_events)}, bound (6) {format_epsilon(result.epsilon_bound6)}"
+    console.print(
+        f"verified: ε recomputed from {result.charges} ledger rows ({result.counted} counted) = "
+        f"{result.epsilon!r} ({result.accountant}{extra}), exactly as recorded", highlight=False,
+    )
+
+
+@app.command()
+def status(
+    run_id: Optional[str] = typer.Argument(None, help="A run id; without it, list all runs."),
+    url: Optional[str] = UrlOpt,
+    config: Optional[Path] = StatusConfigOpt,
+    ledger_file: Optional[Path] = LedgerOpt,
+    verify: bool = typer.Option(False, "--verify", help="Recompute ε locally from the run's ledger and compare (as `vesper ledger verify`)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write the run's ε over its releases as a PNG to this file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the accountant's JSON instead of a table."),
+) -> None:
+    """Read privacy budgets from the accountant's REST status endpoint."""
+    from vesper.coordinator import status_client
+
+    base = _status_source(url, config, ledger_file)
     try:
         if run_id is None:
+            if plot is not None:
+                _fail("--plot needs a run id")
             runs = status_client.list_runs(base)
             if as_json:
                 console.print_json(json.dumps([json.loads(r.model_dump_json()) for r in runs]))
                 return
             console.print(f"runs at {base}", highlight=False)
             table = Table(box=box.SIMPLE_HEAD)
-            for column in ("run", "status", "extractor", "ε / budget", "δ", "charges"):
+            for column in ("run", "status", "extractor", "mode", "ε / budget", "δ", "charges"):
                 table.add_column(column, no_wrap=True)
             for r in runs:
-                table.add_row(r.run_id, r.status, r.extractor,
+                table.add_row(r.run_id, r.status, r.extractor, r.accounting,
                               f"{format_epsilon(r.epsilon_spent)} / {format_epsilon(r.epsilon_budget)}", f"{r.delta:.3g}", str(r.charges))
             console.print(table)
+            if any(r.accounting == "hidden-batch" for r in runs):
+                console.print("hidden-batch runs assume B cannot tell which edges a step used: no guarantee against B.")
             return
         view = status_client.run_status(base, run_id)
         if as_json:
@@ -286,23 +353,55 @@ def status(
             console.print(f"[bold]run {view.run_id}[/] ({view.status}) — {view.extractor}, privacy unit: {view.privacy_unit}", highlight=False)
             console.print(
                 f"ε spent {format_epsilon(view.epsilon_spent)} of {format_epsilon(view.epsilon_budget)} at δ={view.delta:.3g} "
-                f"({view.accountant}); {view.charges} charges, {view.counted_charges} counted, N_e={view.participation_bound}",
+                f"({view.accounting}, computed by {view.accountant}, requested {view.accountant_requested}); "
+                f"{view.charges} charges, {view.counted_charges} counted; {_bounds_text(view)}",
                 highlight=False,
             )
+            if view.accounting == "hidden-batch":
+                console.print(
+                    f"hidden-batch numbers: dp-accounting events {format_epsilon(view.epsilon_events)}, "
+                    f"paper's bound (6) {format_epsilon(view.epsilon_bound6)}; the larger is charged",
+                    highlight=False,
+                )
             console.print(f"accounting: {view.assumption}", highlight=False)
             if view.closed_reason:
                 console.print(f"closed: {view.closed_reason}", highlight=False)
+        if plot is not None:
+            from vesper.coordinator.epsilon_plot import plot_epsilon
+
+            plot_epsilon(view, plot)
+            console.print(f"wrote {plot}", highlight=False)
         if verify:
-            result = status_client.verify(base, run_id)
-            if result.consistent:
-                console.print(
-                    f"verified: ε recomputed from {result.charges} ledger rows ({result.counted} counted) = "
-                    f"{format_epsilon(result.epsilon)} ({result.accountant}), as recorded", highlight=False,
-                )
-            else:
-                _fail("ledger does not replay: " + "; ".join(result.problems), 4)
+            _print_verification(status_client.verify(base, run_id))
     except status_client.StatusError as exc:
         _fail(str(exc), 1)
+
+
+ledger_app = typer.Typer(help="Audit a run's ledger.", no_args_is_help=True)
+app.add_typer(ledger_app, name="ledger")
+
+
+@ledger_app.command("verify")
+def ledger_verify(
+    run_id: str = typer.Argument(..., help="The run to verify."),
+    url: Optional[str] = UrlOpt,
+    config: Optional[Path] = StatusConfigOpt,
+    ledger_file: Optional[Path] = LedgerOpt,
+) -> None:
+    """Replay the run's stored DpEvents and reproduce its reported ε exactly (exit 4 if not)."""
+    from vesper.coordinator import status_client
+
+    base = _status_source(url, config, ledger_file)
+    try:
+        view = status_client.run_status(base, run_id)
+        result = status_client.verify(base, run_id)
+    except status_client.StatusError as exc:
+        _fail(str(exc), 1)
+    if result.consistent and result.charges and result.epsilon != view.epsilon_spent:
+        _fail(f"replayed ε {result.epsilon!r} differs from the reported ε {view.epsilon_spent!r}", 4)
+    _print_verification(result)
+    if view.accounting == "hidden-batch":
+        console.print(f"accounting: {view.assumption}", highlight=False)
 
 
 @app.command()
@@ -314,6 +413,9 @@ def demo(
     epochs: Optional[int] = EpochsOpt,
     seed: Optional[int] = SeedOpt,
     accounting: Optional[Accounting] = AccountingOpt,
+    accountant: Optional[AccountantChoice] = AccountantOpt,
+    edge_sample_rate: Optional[float] = EdgeRateOpt,
+    degree_bound: Optional[int] = DegreeBoundOpt,
     batch_size: Optional[int] = BatchOpt,
     layers: Optional[int] = LayersOpt,
     fanout: Optional[int] = FanoutOpt,
@@ -357,6 +459,20 @@ def demo(
     except (ServiceStartError, RunClientError) as exc:
         _fail(str(exc), 1)
     raise typer.Exit(EXIT_CODES[summary.status])
+
+
+bench_app = typer.Typer(help="Benchmarks: commands that measure, not tests.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("accounting")
+def bench_accounting(
+    steps: list[int] = typer.Option([1000, 10000], "--steps", help="Run lengths to calibrate (repeat the flag).", min=1),
+) -> None:
+    """Time and peak memory of calibrating long runs under the pld and rdp accountants."""
+    from vesper.accountant.benchmark import main as run_benchmark
+
+    run_benchmark(steps)
 
 
 data_app = typer.Typer(help="Data sets: make synthetic graphs.", no_args_is_help=True)

@@ -128,6 +128,7 @@ class LocalCluster:
         self.extra_a = party_a or {}
         self.extra_b = party_b or {}
         self.ledger = ledger or workdir / "ledger.sqlite"
+        self.charge_token_file = self.ledger.parent / "charge.token"
         self.datasets = datasets or {}
         self.services: dict[str, ServiceProcess] = {}
 
@@ -148,6 +149,7 @@ class LocalCluster:
         configs.mkdir(exist_ok=True)
         write_section(configs / "accountant.toml", "accountant", {
             "listen": "127.0.0.1:0", "rest_listen": "127.0.0.1:0", "ledger": str(self.ledger),
+            "charge_token_file": str(self.charge_token_file),
         })
         write_section(configs / "party_b.toml", "party_b", {
             "listen": "127.0.0.1:0", "workdir": str(self.workdir / "party_b"),
@@ -163,6 +165,7 @@ class LocalCluster:
             "label_party": party_b.grpc_address,
             "accountant": accountant.grpc_address,
             "accountant_status_url": accountant.info["rest_url"],
+            "accountant_token_file": str(self.charge_token_file),
             "workdir": str(self.workdir / "party_a"),
             "datasets": self.datasets,
             **self.extra_a,

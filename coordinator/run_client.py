@@ -24,8 +24,10 @@ class RunClientError(RuntimeError):
     """Party A could not be reached or refused the run."""
 
 
-def format_epsilon(value: float) -> str:
+def format_epsilon(value: float | None) -> str:
     """ε for display: 4 significant digits, rounded up, never down (exact values are in --json)."""
+    if value is None:
+        return "-"
     if math.isinf(value):
         return "∞"
     if value <= 0:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import queue
 import threading
+import time
 from collections.abc import Iterator
 
 import grpc
 
 from vesper.common.grpc_server import channel_options
+from vesper.common.privacy.ledger import ChargeRule, PlannedPass, PlanRule
 from vesper.proto.v1 import accountant_pb2 as acc_pb
 from vesper.proto.v1 import accountant_pb2_grpc as acc_grpc
 from vesper.proto.v1 import label_party_pb2 as lp_pb
@@ -34,72 +36,110 @@ def _describe(error: grpc.RpcError) -> str:
 
 
 class AccountantClient:
-    def __init__(self, address: str, timeout_s: float = 30.0) -> None:
+    """Party A's calls to the accountant; spending calls carry A's charge token.
+
+    A charge that fails for a transient reason (the accountant restarting, a dropped
+    connection) is retried with the same release key: the accountant recognises the
+    retry and does not charge twice.
+    """
+
+    RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+    def __init__(
+        self, address: str, charge_token: str | None, timeout_s: float = 30.0, charge_retries: int = 5
+    ) -> None:
         self.address = address
         self.timeout_s = timeout_s
+        self.charge_retries = charge_retries
+        self._metadata = (("authorization", f"Bearer {charge_token}"),) if charge_token else ()
         self._channel = grpc.insecure_channel(address, options=channel_options(16))
         self._stub = acc_grpc.AccountantStub(self._channel)
 
     def close(self) -> None:
         self._channel.close()
 
-    def _call(self, what: str, method, request):
-        try:
-            return method(request, timeout=self.timeout_s)
-        except grpc.RpcError as error:
-            if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                raise BudgetRefused(error.details()) from None
-            raise PeerError(f"accountant at {self.address} failed to {what}: {_describe(error)}") from None
+    def _call(self, what: str, method, request, *, spend: bool = False, retries: int = 0):
+        if spend and not self._metadata:
+            raise PeerError(
+                f"cannot {what}: party A has no charge token for the accountant at {self.address} "
+                "(set party_a.accountant_token_file to a copy of the accountant's charge token file)"
+            )
+        for attempt in range(retries + 1):
+            try:
+                return method(request, timeout=self.timeout_s, metadata=self._metadata if spend else ())
+            except grpc.RpcError as error:
+                if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise BudgetRefused(error.details()) from None
+                if error.code() in self.RETRIED and attempt < retries:
+                    time.sleep(min(0.2 * 2**attempt, 5.0))
+                    continue
+                raise PeerError(f"accountant at {self.address} failed to {what}: {_describe(error)}") from None
+        raise AssertionError("unreachable")  # pragma: no cover
 
     @staticmethod
-    def _plan(pass_sizes: list[int], participation_bound: int | None) -> acc_pb.ReleasePlan:
-        plan = acc_pb.ReleasePlan(pass_sizes=pass_sizes)
-        if participation_bound is not None:
-            plan.participation_bound = participation_bound
-        return plan
+    def _rule(rule: ChargeRule) -> acc_pb.ChargeRule:
+        message = acc_pb.ChargeRule(kind=rule.kind, release_event_json=rule.release_event)
+        if rule.participation_bound is not None:
+            message.participation_bound = rule.participation_bound
+        return message
+
+    @staticmethod
+    def _passes(passes: list[PlannedPass]) -> list[acc_pb.PlannedPass]:
+        return [acc_pb.PlannedPass(kind=p.kind, releases=p.releases) for p in passes]
 
     def calibrate(
-        self, pass_sizes: list[int], participation_bound: int | None, target_epsilon: float, delta: float
+        self, passes: list[PlannedPass], rules: list[PlanRule], target_epsilon: float, delta: float,
+        accounting: str, accountant: str,
     ) -> acc_pb.CalibrateReply:
+        plan_rules = []
+        for rule in rules:
+            message = acc_pb.PlanRule(
+                kind=rule.kind, sampling_probability=rule.sampling_probability, noise_scale=rule.noise_scale
+            )
+            if rule.participation_bound is not None:
+                message.participation_bound = rule.participation_bound
+            plan_rules.append(message)
         request = acc_pb.CalibrateRequest(
-            mechanism="gaussian", plan=self._plan(pass_sizes, participation_bound),
-            target_epsilon=target_epsilon, delta=delta,
+            mechanism="gaussian", plan=acc_pb.ReleasePlan(passes=self._passes(passes), rules=plan_rules),
+            target_epsilon=target_epsilon, delta=delta, accounting=accounting, accountant=accountant,
         )
         return self._call("calibrate the noise", self._stub.Calibrate, request)
 
     def estimate(
-        self, release_event_json: str, pass_sizes: list[int], participation_bound: int | None, delta: float
+        self, rules: list[ChargeRule], passes: list[PlannedPass], delta: float, accounting: str, accountant: str
     ) -> acc_pb.EstimateReply:
         request = acc_pb.EstimateRequest(
-            release_event_json=release_event_json, plan=self._plan(pass_sizes, participation_bound), delta=delta
+            rules=[self._rule(r) for r in rules], passes=self._passes(passes), delta=delta,
+            accounting=accounting, accountant=accountant,
         )
         return self._call("estimate the plan's epsilon", self._stub.Estimate, request)
 
     def create_run(
-        self, run_id: str, epsilon_budget: float, delta: float, release_event_json: str,
-        participation_bound: int | None, extractor: str, accounting: str, details: dict,
+        self, run_id: str, epsilon_budget: float, delta: float, rules: list[ChargeRule], extractor: str,
+        accounting: str, accountant: str, details: dict, assumption_note: str = "",
     ) -> acc_pb.RunStatus:
         request = acc_pb.CreateRunRequest(
-            run_id=run_id, privacy_unit="edge", accounting=accounting, epsilon_budget=epsilon_budget,
-            delta=delta, release_event_json=release_event_json, extractor=extractor,
-            details_json=json.dumps(details),
+            run_id=run_id, privacy_unit="edge", accounting=accounting, accountant=accountant,
+            epsilon_budget=epsilon_budget, delta=delta, rules=[self._rule(r) for r in rules],
+            extractor=extractor, details_json=json.dumps(details), assumption_note=assumption_note,
         )
-        if participation_bound is not None:
-            request.participation_bound = participation_bound
-        return self._call("create the run", self._stub.CreateRun, request)
+        return self._call("create the run", self._stub.CreateRun, request, spend=True)
 
     def charge(
-        self, run_id: str, seq: int, pass_id: str, kind: str, num_nodes: int, release_event_json: str
+        self, run_id: str, release_key: str, pass_id: str, kind: str, num_nodes: int, nodes_digest: str,
+        release_event_json: str,
     ) -> acc_pb.ChargeReceipt:
         request = acc_pb.ChargeRequest(
-            run_id=run_id, seq=seq, pass_id=pass_id, kind=kind, num_nodes=num_nodes,
-            release_event_json=release_event_json,
+            run_id=run_id, release_key=release_key, pass_id=pass_id, kind=kind, num_nodes=num_nodes,
+            nodes_digest=nodes_digest, release_event_json=release_event_json,
         )
-        return self._call(f"charge release {seq}", self._stub.Charge, request)
+        return self._call(
+            f"charge release {release_key}", self._stub.Charge, request, spend=True, retries=self.charge_retries
+        )
 
     def close_run(self, run_id: str, status: str, reason: str) -> acc_pb.RunStatus:
         request = acc_pb.CloseRunRequest(run_id=run_id, status=status, reason=reason)
-        return self._call("close the run", self._stub.CloseRun, request)
+        return self._call("close the run", self._stub.CloseRun, request, spend=True, retries=self.charge_retries)
 
 
 class _Outbox:

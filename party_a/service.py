@@ -17,6 +17,7 @@ import grpc
 import torch
 from pydantic import ValidationError
 
+from vesper.common.charge_token import TokenError, read_token
 from vesper.common.config import PartyAConfig, RunConfig
 from vesper.common.dataset_files import DatasetError, resolve_dataset
 from vesper.common.grpc_server import start_server, wait_for_signal, write_ready_file
@@ -65,7 +66,13 @@ class GraphPartyService(pb_grpc.GraphPartyServicer):
 
         events: queue.Queue = queue.Queue()
         label_party = LabelPartyClient(self.settings.label_party, self.settings.max_message_mb, self.settings.step_timeout_s)
-        accountant = AccountantClient(self.settings.accountant)
+        token = None
+        if self.settings.accountant_token_file is not None:
+            try:
+                token = read_token(self.settings.accountant_token_file)
+            except TokenError as exc:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"party A: {exc}")
+        accountant = AccountantClient(self.settings.accountant, token)
         run = GraphPartyRun(
             config, self.settings, data, label_party, accountant,
             report=events.put, cancelled=lambda: not context.is_active(),

@@ -13,6 +13,7 @@ evaluation sweep) is exactly what is charged, so a calibrated run ends with
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import time
@@ -28,9 +29,13 @@ from vesper.common.config import Metric, PartyAConfig, RunConfig, RunSummary
 from vesper.common.dataset_files import load_graph_part
 from vesper.common.optim import build_optimizer
 from vesper.common.privacy.events import event_to_json
+from vesper.common.privacy.ledger import ChargeRule, PlannedPass, PlanRule
+from vesper.common.privacy.theorem21 import theorem21_gamma
 from vesper.common.wire import WireError, decode_tensor, dtype_to_proto, encode_tensor, validate_node_ids
+from vesper.party_a.degree_projection import project_degree
+from vesper.party_a.edge_sampling import EdgeSubsampler
 from vesper.party_a.extractors.pmp import PmpExtractor
-from vesper.party_a.extractors.sensitivity import participation_bound, step_sensitivity
+from vesper.party_a.extractors.sensitivity import charge_rule
 from vesper.party_a.graph_store import Graph, build_graph
 from vesper.party_a.peers import (
     AccountantClient,
@@ -80,23 +85,37 @@ class ReleasePlan:
     steps_per_epoch: int
     eval_chunks: int
 
-    def pass_sizes(self, epochs: int) -> list[int]:
-        return [self.steps_per_epoch] * epochs + [self.eval_chunks]
+    def passes(self, epochs: int) -> list[PlannedPass]:
+        return [PlannedPass(kind="train", releases=self.steps_per_epoch)] * epochs + [
+            PlannedPass(kind="eval", releases=self.eval_chunks)
+        ]
 
 
 @dataclass(frozen=True)
 class Release:
-    """How each release is privatised and what it is charged."""
+    """How each release is privatised and what each kind of release is charged."""
 
-    event: dpa.DpEvent
+    rules: list[ChargeRule]
     noise_multiplier: float | None
     noise_std: float
     sensitivity: float
     participation_bound: int | None
+    details: dict
 
-    @property
-    def event_json(self) -> str:
-        return event_to_json(self.event)
+    def event_json(self, kind: str) -> str:
+        return next(rule.release_event for rule in self.rules if rule.kind == kind)
+
+
+def _fixed_rules(plan_rules: list[PlanRule], event_of: Callable[[PlanRule], dpa.DpEvent]) -> list[ChargeRule]:
+    return [
+        ChargeRule(kind=r.kind, release_event=event_to_json(event_of(r)), participation_bound=r.participation_bound)
+        for r in plan_rules
+    ]
+
+
+def nodes_digest(node_ids: torch.Tensor) -> str:
+    """What the accountant stores to recognise a retried charge as the same release."""
+    return hashlib.sha256(node_ids.cpu().to(torch.int64).numpy().tobytes()).hexdigest()[:32]
 
 
 def _secret_generators(settings: PartyAConfig, run_seed: int, device: torch.device) -> tuple[torch.Generator, torch.Generator]:
@@ -131,13 +150,20 @@ class GraphPartyRun:
         self.cancelled = cancelled
         self.run_id = uuid.uuid4().hex[:12]
         self.delta = config.privacy.delta or 1.0 / max(2, data.graph.num_edges)
-        self.seq = 0
         self.epsilon_spent = 0.0
         self.steps_done = 0
         self.status_url = f"{settings.accountant_status_url.rstrip('/')}/v1/runs/{self.run_id}"
         self.sampling_generator, self.noise_generator = _secret_generators(settings, config.seed, self.device)
         ex = config.extractor
-        self.sampler = None if ex.name == "mlp" else NeighbourSampler(data.graph, ex.fanout, ex.layers)
+        self.graph = data.graph
+        if ex.name != "mlp" and ex.degree_bound > 0:
+            # the stable degree-D projection, under a seed only A knows (docs/privacy.md, 3.5)
+            seed = torch.randint(0, 1 << 32, (2,), generator=self.sampling_generator, dtype=torch.int64).tolist()
+            self.graph = project_degree(data.graph, ex.degree_bound, (seed[0], seed[1]))
+        self.fanout = 0 if ex.degree_bound > 0 else ex.fanout
+        self.sampler = None if ex.name == "mlp" else NeighbourSampler(self.graph, self.fanout, ex.layers)
+        rate = config.privacy.edge_sample_rate
+        self.edge_subsampler = EdgeSubsampler(self.graph, rate) if rate and self.sampler else None
 
     # -- the run -------------------------------------------------------------------------------
     def execute(self) -> RunSummary:
@@ -157,6 +183,7 @@ class GraphPartyRun:
             summary = summary.model_copy(update={
                 "split": reply.split, "noise_multiplier": release.noise_multiplier, "noise_std": release.noise_std,
                 "sensitivity": release.sensitivity, "participation_bound": release.participation_bound,
+                "accountant_requested": cfg.privacy.accountant,
             })
             self._create_run(plan, release, reply.split)
             run_created = True
@@ -183,7 +210,12 @@ class GraphPartyRun:
                 try:
                     closed = self.accountant.close_run(self.run_id, status, summary.message)
                     self.epsilon_spent = closed.epsilon_spent
-                    summary = summary.model_copy(update={"accountant": closed.accountant})
+                    summary = summary.model_copy(update={
+                        "accountant": closed.accountant,
+                        "assumption": closed.assumption,
+                        "epsilon_events": closed.epsilon_events if closed.HasField("epsilon_events") else None,
+                        "epsilon_bound6": closed.epsilon_bound6 if closed.HasField("epsilon_bound6") else None,
+                    })
                 except PeerError as exc:
                     summary = summary.model_copy(update={"message": f"{summary.message}; {exc}"})
             if b_ready:
@@ -241,31 +273,76 @@ class GraphPartyRun:
             eval_chunks=math.ceil(ids["val"].numel() / chunk) + math.ceil(ids["test"].numel() / chunk),
         )
 
+    def _plan_rules(self, plan: ReleasePlan) -> tuple[list[PlanRule], float, dict]:
+        """Each kind's charge as a function of z, and the sensitivity θ = z · S refers to.
+
+        visible-batch: both kinds are charged the extractor's rule (docs/privacy.md,
+        section 4). hidden-batch: training steps are PoissonSampled(γ, Gaussian(θ/S_step))
+        with γ of VESPER Theorem 2.1, every step counted; the evaluation sweep has no
+        sampling to hide behind and is charged as under visible-batch.
+        """
+        cfg, ex = self.config, self.config.extractor
+        fanout = 0 if ex.degree_bound else ex.fanout  # a projection is read whole
+        rule = charge_rule(ex.name, ex.layers, fanout, ex.d_min, ex.degree_bound)
+        details = {"sensitivity_form": rule.form, "derivation": rule.derivation}
+        q = cfg.privacy.edge_sample_rate
+        if q is not None and ex.name != "mlp":
+            # releases with independent coins: the per-step form (docs/privacy.md, 5.2, eq. L2)
+            details.update({"sensitivity_form": "per-step", "edge_sample_rate": q})
+            rules = [
+                PlanRule(kind=kind, participation_bound=rule.edge_reach, sampling_probability=q)
+                for kind in ("train", "eval")
+            ]
+            return rules, rule.step_sensitivity, details
+        visible = [PlanRule(kind=kind, participation_bound=rule.participation_bound) for kind in ("train", "eval")]
+        if cfg.privacy.accounting == "visible-batch" or ex.name == "mlp":
+            return visible, rule.sensitivity, details
+        degree = ex.degree_bound or ex.fanout
+        gamma = theorem21_gamma(plan.train_ids.numel(), min(cfg.batch_size, plan.train_ids.numel()), degree, ex.layers)
+        details.update({"gamma": gamma, "gamma_degree": degree, "step_sensitivity": rule.step_sensitivity})
+        hidden = [
+            PlanRule(kind="train", participation_bound=None, sampling_probability=gamma),
+            PlanRule(
+                kind="eval", participation_bound=rule.participation_bound,
+                noise_scale=rule.step_sensitivity / rule.sensitivity,
+            ),
+        ]
+        return hidden, rule.step_sensitivity, details
+
     def _release(self, plan: ReleasePlan) -> Release:
         """Choose each release's DpEvent: calibrated Gaussian, fixed Gaussian, none, or no-op."""
         cfg, ex = self.config, self.config.extractor
-        sensitivity = step_sensitivity(ex.name, ex.layers, ex.fanout, ex.d_min)
-        bound = participation_bound(ex.name, ex.layers, ex.fanout)
+        plan_rules, sensitivity, details = self._plan_rules(plan)
+        bound = plan_rules[0].participation_bound
         if ex.name == "mlp":
-            return Release(dpa.NoOpDpEvent(), None, 0.0, 0.0, bound)
+            return Release(_fixed_rules(plan_rules, lambda r: dpa.NoOpDpEvent()), None, 0.0, 0.0, 0, details)
         if math.isinf(cfg.privacy.epsilon):
-            return Release(dpa.NonPrivateDpEvent(), None, 0.0, sensitivity, bound)
+            rules = _fixed_rules(plan_rules, lambda r: dpa.NonPrivateDpEvent())
+            return Release(rules, None, 0.0, sensitivity, bound, details)
         if ex.noise_multiplier is not None:
             z = ex.noise_multiplier
+            rules = _fixed_rules(plan_rules, lambda r: r.event(z))
         else:
             self.report(ProgressEvent("setup", message="calibrating the noise to the budget"))
-            z = self.accountant.calibrate(plan.pass_sizes(cfg.epochs), bound, cfg.privacy.epsilon, self.delta).noise_multiplier
-        return Release(dpa.GaussianDpEvent(z), z, z * sensitivity, sensitivity, bound)
+            reply = self.accountant.calibrate(
+                plan.passes(cfg.epochs), plan_rules, cfg.privacy.epsilon, self.delta,
+                cfg.privacy.accounting, cfg.privacy.accountant,
+            )
+            z = reply.noise_multiplier
+            rules = _fixed_rules(plan_rules, lambda r: r.event(z))
+        return Release(rules, z, z * sensitivity, sensitivity, bound, details)
 
     def _check_plan_fits(self, plan: ReleasePlan, release: Release) -> None:
         """Refuse, before anything is sent, a run whose planned releases exceed the budget."""
-        passes = plan.pass_sizes(self.config.epochs)
-        estimate = self.accountant.estimate(release.event_json, passes, release.participation_bound, self.delta)
-        if estimate.epsilon > self.config.privacy.epsilon:
+        privacy = self.config.privacy
+        estimate = self.accountant.estimate(
+            release.rules, plan.passes(self.config.epochs), self.delta, privacy.accounting, privacy.accountant
+        )
+        if estimate.epsilon > privacy.epsilon:
             raise BudgetRefused(
                 f"the planned run ({estimate.counted_releases} counted releases at noise multiplier "
                 f"{release.noise_multiplier:g}) needs epsilon {estimate.epsilon:.4g}, above the budget "
-                f"{self.config.privacy.epsilon:g}; nothing was sent"
+                f"{privacy.epsilon:g}; nothing was sent"
             )
 
     def _create_run(self, plan: ReleasePlan, release: Release, split: str) -> None:
@@ -275,24 +352,35 @@ class GraphPartyRun:
             "split": split,
             "layers": ex.layers,
             "fanout": ex.fanout,
+            "degree_bound": ex.degree_bound,
             "d_min": ex.d_min,
             "dim": ex.dim,
-            "sensitivity_per_step": release.sensitivity,
+            "sensitivity": release.sensitivity,
             "noise_multiplier": release.noise_multiplier,
             "noise_std": release.noise_std,
+            "edge_sample_rate": cfg.privacy.edge_sample_rate,
             "epochs": cfg.epochs,
+            "batch_size": cfg.batch_size,
+            "train_nodes": plan.train_ids.numel(),
             "steps_per_epoch": plan.steps_per_epoch,
             "eval_chunks": plan.eval_chunks,
-            "derivation": "docs/privacy.md, sections 3 and 4",
+            **release.details,
         }
+        note = ""
+        if cfg.privacy.edge_sample_rate:
+            note = (
+                f"Credited: party A keeps a secret Poisson sample of the edges at rate "
+                f"q={cfg.privacy.edge_sample_rate:g} for every release, drawn afresh per release and hidden from B."
+            )
         self.accountant.create_run(
-            self.run_id, cfg.privacy.epsilon, self.delta, release.event_json, release.participation_bound,
-            ex.name, cfg.privacy.accounting, details,
+            self.run_id, cfg.privacy.epsilon, self.delta, release.rules, ex.name, cfg.privacy.accounting,
+            cfg.privacy.accountant, details, note,
         )
 
     def _build_model(self) -> tuple[PmpExtractor, torch.optim.Optimizer]:
         ex = self.config.extractor
-        capped = self.data.graph.degree.clamp(max=ex.fanout) if ex.fanout else self.data.graph.degree
+        degree = self.graph.degree
+        capped = degree.clamp(max=ex.fanout) if ex.fanout and not ex.degree_bound else degree
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.config.seed)
             model = PmpExtractor(ex, self.data.features.shape[1], capped).to(self.device)
@@ -300,18 +388,26 @@ class GraphPartyRun:
 
     # -- releases ----------------------------------------------------------------------------
     def _charged_release(
-        self, model: PmpExtractor, roots: torch.Tensor, release: Release, pass_id: str, kind: str
+        self, model: PmpExtractor, roots: torch.Tensor, release: Release, pass_id: str, kind: str, index: int
     ) -> torch.Tensor:
         """The only way A makes a tensor for B: PMP over the roots' subgraphs, then the
         write-ahead charge. The caller sends it only after this returns."""
         roots_on_device = roots.to(self.device)
-        if self.sampler is None:
+        sampler, capped_degree = self.sampler, None
+        if self.edge_subsampler is not None:
+            # this release reads a fresh secret Poisson sample of the edges (party_a.edge_sampling)
+            graph = self.edge_subsampler.sample(self.sampling_generator)
+            sampler = NeighbourSampler(graph, self.fanout, self.config.extractor.layers)
+            capped_degree = graph.degree.clamp(max=self.fanout) if self.fanout else graph.degree
+        if sampler is None:
             subgraph = edgeless_subgraph(roots_on_device, self.config.extractor.layers)
         else:
-            subgraph = self.sampler.sample(roots_on_device, self.sampler.layer_seeds(self.sampling_generator))
-        embeddings = model(subgraph, self.data.features, release.noise_std, self.noise_generator)
-        receipt = self.accountant.charge(self.run_id, self.seq, pass_id, kind, roots.numel(), release.event_json)
-        self.seq += 1
+            subgraph = sampler.sample(roots_on_device, sampler.layer_seeds(self.sampling_generator))
+        embeddings = model(subgraph, self.data.features, release.noise_std, self.noise_generator, capped_degree)
+        receipt = self.accountant.charge(
+            self.run_id, f"{pass_id}/{index}", pass_id, kind, roots.numel(), nodes_digest(roots),
+            release.event_json(kind),
+        )
         self.epsilon_spent = receipt.epsilon_spent
         return embeddings
 
@@ -325,10 +421,10 @@ class GraphPartyRun:
             model.train()
             for epoch in range(cfg.epochs):
                 order = plan.train_ids[torch.randperm(plan.train_ids.numel(), generator=root_order)]
-                for batch in order.split(cfg.batch_size):
+                for index, batch in enumerate(order.split(cfg.batch_size)):
                     if self.cancelled():
                         raise Cancelled()
-                    embeddings = self._charged_release(model, batch, release, f"train-{epoch}", "train")
+                    embeddings = self._charged_release(model, batch, release, f"train-{epoch}", "train", index)
                     reply = stream.exchange(lp_pb.TrainStep(
                         run_id=self.run_id, step=self.steps_done, node_ids=batch.tolist(),
                         embeddings=encode_tensor(embeddings, cfg.wire_dtype),
@@ -365,12 +461,14 @@ class GraphPartyRun:
         model.eval()
         stream = self.label_party.evaluation()
         try:
+            index = 0
             for split, ids in (("val", plan.val_ids), ("test", plan.test_ids)):
                 for chunk in ids.split(cfg.eval_chunk):
                     if self.cancelled():
                         raise Cancelled()
                     self.report(ProgressEvent("eval", message=f"evaluating {split}", epsilon_spent=self.epsilon_spent))
-                    embeddings = self._charged_release(model, chunk, release, "eval-0", "eval")
+                    embeddings = self._charged_release(model, chunk, release, "eval-0", "eval", index)
+                    index += 1
                     stream.send(lp_pb.EvalChunk(
                         run_id=self.run_id, eval_id=0, split=split, node_ids=chunk.tolist(),
                         embeddings=encode_tensor(embeddings, cfg.wire_dtype),

@@ -34,6 +34,27 @@ def test_contradictory_run_configs_are_refused() -> None:
     assert math.isinf(RunConfig.model_validate({"privacy": {"epsilon": "inf"}}).privacy.epsilon)
 
 
+@pytest.mark.parametrize(
+    "data, fragment",
+    [
+        ({"extractor": {"fanout": 3, "degree_bound": 5}}, "fanout=3 is below extractor.degree_bound=5"),
+        ({"extractor": {"fanout": 0, "degree_bound": 2, "d_min": 3}}, "d_min=3 exceeds extractor.degree_bound=2"),
+        ({"privacy": {"accounting": "hidden-batch", "edge_sample_rate": 0.5}}, "visible-batch credit"),
+        ({"privacy": {"accounting": "hidden-batch"}, "extractor": {"fanout": 0}}, "needs the degree bound D"),
+        ({"privacy": {"edge_sample_rate": 0.5}, "extractor": {"fanout": 0, "degree_bound": 4}}, "covers one"),
+        ({"privacy": {"edge_sample_rate": 1.0}}, "less than 1"),
+        ({"privacy": {"accountant": "moments"}}, "'pld' or 'rdp'"),
+        ({"privacy": {"accounting": "hidden"}}, "'visible-batch' or 'hidden-batch'"),
+    ],
+)
+def test_contradictory_privacy_settings_are_refused(data: dict, fragment: str) -> None:
+    with pytest.raises(ValidationError, match=fragment):
+        RunConfig.model_validate(data)
+    # and these combinations are fine
+    RunConfig.model_validate({"privacy": {"accounting": "hidden-batch"}, "extractor": {"fanout": 0, "degree_bound": 5}})
+    RunConfig.model_validate({"privacy": {"edge_sample_rate": 0.25, "accountant": "rdp"}})
+
+
 def test_toml_files_are_validated(tmp_path: Path) -> None:
     good = tmp_path / "a.toml"
     good.write_text('[party_a]\nlisten = "0.0.0.0:9000"\n[run]\nepochs = 3\n[run.extractor]\nname = "pmp-gin"\n')

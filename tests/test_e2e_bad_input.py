@@ -11,10 +11,10 @@ import pytest
 import torch
 from e2e import ledger, vesper
 
+from vesper.common.charge_token import read_token
 from vesper.common.dataset_files import resolve_dataset
 from vesper.common.privacy.accounting import epsilon_of
 from vesper.common.privacy.events import event_to_json
-from vesper.common.privacy.ledger import composed_event
 from vesper.common.wire import encode_tensor
 from vesper.coordinator.processes import LocalCluster
 from vesper.coordinator.synthetic import SyntheticSpec, generate, save_npz
@@ -154,36 +154,59 @@ def test_party_b_refuses_bad_evaluations_and_set_ups(b, split) -> None:
 
 def test_accountant_refuses_bad_charges_and_keeps_the_ledger(cluster) -> None:
     event = event_to_json(dpa.GaussianDpEvent(3.0))
-    two, three = (epsilon_of(composed_event(dpa.GaussianDpEvent(3.0), n), 1e-5).epsilon for n in (2, 3))
+    two, three = (epsilon_of(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(3.0), n), 1e-5).epsilon for n in (2, 3))
+    auth = (("authorization", f"Bearer {read_token(cluster.charge_token_file)}"),)
     with grpc.insecure_channel(cluster.accountant_address) as channel:
         stub = acc_grpc.AccountantStub(channel)
         stub.CreateRun(acc.CreateRunRequest(
-            run_id="acct", privacy_unit="edge", accounting="visible-batch", epsilon_budget=(two + three) / 2,
-            delta=1e-5, release_event_json=event, participation_bound=2, extractor="pmp-gin",
-        ))
-        for seq in (0, 1):  # two counted releases of pass train-0: the budget holds two, not three
-            stub.Charge(acc.ChargeRequest(run_id="acct", seq=seq, pass_id="train-0", kind="train", num_nodes=3, release_event_json=event))
+            run_id="acct", privacy_unit="edge", accounting="visible-batch", accountant="pld",
+            epsilon_budget=(two + three) / 2, delta=1e-5, extractor="pmp-gin",
+            rules=[acc.ChargeRule(kind="train", release_event_json=event, participation_bound=2)],
+        ), metadata=auth)
+        good = dict(run_id="acct", pass_id="train-0", kind="train", num_nodes=3, nodes_digest="d", release_event_json=event)
+        for i in (0, 1):  # two counted releases of pass train-0: the budget holds two, not three
+            stub.Charge(acc.ChargeRequest(**good, release_key=f"train-0/{i}"), metadata=auth)
         before = ledger(cluster.status_url, "acct")
         bad = [
             (dict(run_id="ghost"), grpc.StatusCode.NOT_FOUND, "unknown run id 'ghost'"),
-            (dict(seq=1), grpc.StatusCode.ALREADY_EXISTS, "is a replay"),
-            (dict(seq=5), grpc.StatusCode.FAILED_PRECONDITION, "skips ahead"),
+            (dict(release_key="train-0/1", nodes_digest="other"), grpc.StatusCode.ALREADY_EXISTS, "different release"),
+            (dict(release_key=""), grpc.StatusCode.INVALID_ARGUMENT, "release key"),
             (dict(release_event_json="{nope"), grpc.StatusCode.INVALID_ARGUMENT, "bad release event"),
             (dict(release_event_json=event_to_json(dpa.GaussianDpEvent(0.1))), grpc.StatusCode.INVALID_ARGUMENT, "differs from the one declared"),
             (dict(num_nodes=0), grpc.StatusCode.INVALID_ARGUMENT, "at least one node"),
+            (dict(kind="eval"), grpc.StatusCode.INVALID_ARGUMENT, "no rule for eval"),
             (dict(pass_id="train-1"), grpc.StatusCode.RESOURCE_EXHAUSTED, "budget exhausted"),
         ]
         for change, code, fragment in bad:
-            request = dict(run_id="acct", seq=2, pass_id="train-0", kind="train", num_nodes=3, release_event_json=event) | change
             with pytest.raises(grpc.RpcError) as info:
-                stub.Charge(acc.ChargeRequest(**request))
+                stub.Charge(acc.ChargeRequest(**(good | {"release_key": "train-0/2"} | change)), metadata=auth)
             assert info.value.code() == code and fragment in info.value.details(), (change, info.value.details())
             assert ledger(cluster.status_url, "acct") == before
+        # without A's credential nothing can be spent; reading needs none
+        for metadata in ((), (("authorization", "Bearer not-the-token-at-all"),)):
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Charge(acc.ChargeRequest(**good, release_key="train-0/2"), metadata=metadata)
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED and "charge token" in info.value.details()
+            with pytest.raises(grpc.RpcError) as info:
+                stub.CloseRun(acc.CloseRunRequest(run_id="acct", status="failed"), metadata=metadata)
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert ledger(cluster.status_url, "acct") == before
+        assert stub.GetRun(acc.GetRunRequest(run_id="acct")).epsilon_spent == two
+        # a retry of an acknowledged charge is recognised, not charged again
+        retry = stub.Charge(acc.ChargeRequest(**good, release_key="train-0/1"), metadata=auth)
+        assert retry.replayed and retry.seq == 1 and ledger(cluster.status_url, "acct") == before
         # pass train-0 has reached its participation bound: a third release there adds nothing
-        receipt = stub.Charge(acc.ChargeRequest(run_id="acct", seq=2, pass_id="train-0", kind="train", num_nodes=3, release_event_json=event))
-        assert not receipt.counted and receipt.epsilon_spent == two
+        receipt = stub.Charge(acc.ChargeRequest(**good, release_key="train-0/2"), metadata=auth)
+        assert not receipt.counted and receipt.epsilon_spent == two and receipt.seq == 2
         with pytest.raises(grpc.RpcError) as info:
-            stub.Calibrate(acc.CalibrateRequest(mechanism="laplace", plan=acc.ReleasePlan(pass_sizes=[1]), target_epsilon=1, delta=1e-5))
+            stub.Calibrate(acc.CalibrateRequest(mechanism="laplace", target_epsilon=1, delta=1e-5))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Calibrate(acc.CalibrateRequest(
+                mechanism="gaussian", target_epsilon=1, delta=1e-5, accounting="hidden-batch",
+                plan=acc.ReleasePlan(passes=[acc.PlannedPass(kind="train", releases=3)],
+                                     rules=[acc.PlanRule(kind="train", sampling_probability=2.0)]),
+            ))
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 

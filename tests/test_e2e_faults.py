@@ -86,6 +86,7 @@ def misbehaving(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("faults")
     write_section(workdir / "accountant.toml", "accountant", {
         "listen": "127.0.0.1:0", "rest_listen": "127.0.0.1:0", "ledger": str(workdir / "ledger.sqlite"),
+        "charge_token_file": str(workdir / "charge.token"),
     })
     accountant = start_service("accountant", workdir / "accountant.toml", workdir)
     servicer = MisbehavingLabelParty(PartyBConfig(workdir=workdir / "b"), fault="none")
@@ -96,7 +97,7 @@ def misbehaving(tmp_path_factory):
         write_section(workdir / "a.toml", "party_a", {
             "listen": "127.0.0.1:0", "label_party": f"127.0.0.1:{port}", "accountant": accountant.grpc_address,
             "accountant_status_url": accountant.info["rest_url"], "workdir": str(workdir / "a"), "secret_seed": 1,
-            "step_timeout_s": 3.0,
+            "step_timeout_s": 3.0, "accountant_token_file": str(workdir / "charge.token"),
         })
         party_a = start_service("party-a", workdir / "a.toml", workdir)
         party_a.wait_ready()

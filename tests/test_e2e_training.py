@@ -11,8 +11,9 @@ import json
 from pathlib import Path
 
 import pytest
-from e2e import fast_run, ledger, receipts, vesper
+from e2e import fast_run, ledger, receipts, runner, vesper
 
+from vesper.coordinator.cli import app
 from vesper.coordinator.processes import LocalCluster
 
 pytestmark = pytest.mark.e2e
@@ -51,6 +52,8 @@ def test_train_status_and_ledger_agree(cluster: LocalCluster, tmp_path: Path) ->
 
     code, output = vesper("status", run_id, "--url", cluster.status_url, "--verify")
     assert code == 0 and "verified: ε recomputed from" in output, output
+    code, output = vesper("ledger", "verify", run_id, "--url", cluster.status_url)
+    assert code == 0 and f"= {summary['epsilon_spent']!r}" in output, output
 
     rows = ledger(cluster.status_url, run_id)["rows"]
     train_rows = [r for r in rows if r["kind"] == "train"]
@@ -106,6 +109,60 @@ def test_extractors_decoders_and_wire_dtypes(cluster: LocalCluster, tmp_path: Pa
         assert summary["participation_bound"] is None  # L = 2: every release counted
 
 
+def test_hidden_batch_reports_both_numbers_and_its_assumption(cluster: LocalCluster, tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    code, output = vesper(
+        "train", "--party-a", cluster.party_a_address,
+        *fast_run("--epsilon", "4", "--accounting", "hidden-batch", "--accountant", "rdp"), "--json-out", str(out),
+    )
+    assert code == 0, output
+    text = " ".join(output.split())
+    assert "hidden-batch: ε from dp-accounting events" in text and "ASSUMES party B cannot tell" in text
+    summary = json.loads(out.read_text())
+    assert summary["accounting"] == "hidden-batch" and summary["accountant_requested"] == "rdp"
+    assert summary["epsilon_spent"] == max(summary["epsilon_events"], summary["epsilon_bound6"]) <= 4
+    record = ledger(cluster.status_url, summary["run_id"])
+    rules = {r["kind"]: r for r in record["run"]["rules"]}
+    assert "PoissonSampledDpEvent" in rules["train"]["release_event"] and rules["train"]["participation_bound"] is None
+    assert "PoissonSampledDpEvent" not in rules["eval"]["release_event"]  # nothing hides the evaluation sweep
+    assert all(r["counted"] for r in record["rows"] if r["kind"] == "train")
+    code, output = vesper("ledger", "verify", summary["run_id"], "--url", cluster.status_url)
+    assert code == 0 and "exactly as recorded" in output and "ASSUMES party B" in " ".join(output.split()), output
+    code, output = vesper("status", "--url", cluster.status_url)
+    assert "no guarantee against B" in " ".join(output.split())
+
+
+def test_a_secret_edge_sample_is_credited_and_stated(cluster: LocalCluster, tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    code, output = vesper(
+        "train", "--party-a", cluster.party_a_address,
+        *fast_run("--epsilon", "4", "--extractor", "pmp-gin", "--edge-sample-rate", "0.3"), "--json-out", str(out),
+    )
+    assert code == 0, output
+    summary = json.loads(out.read_text())
+    assert 0 < summary["epsilon_spent"] <= 4
+    record = ledger(cluster.status_url, summary["run_id"])
+    assert "q=0.3" in record["run"]["assumption"]
+    for rule in record["run"]["rules"]:
+        assert '"sampling_probability":0.3' in rule["release_event"]
+    code, output = vesper("ledger", "verify", summary["run_id"], "--url", cluster.status_url)
+    assert code == 0, output
+
+
+def test_a_degree_projection_bounds_participation_for_two_layers(cluster: LocalCluster, tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    code, output = vesper(
+        "train", "--party-a", cluster.party_a_address,
+        *fast_run("--epsilon", "8", "--extractor", "pmp-gin", "--layers", "2", "--degree-bound", "5", "--fanout", "0"),
+        "--json-out", str(out),
+    )
+    assert code == 0, output
+    summary = json.loads(out.read_text())
+    assert summary["participation_bound"] is not None and summary["epsilon_spent"] <= 8
+    details = ledger(cluster.status_url, summary["run_id"])["run"]["details"]
+    assert details["degree_bound"] == 5
+
+
 def test_budget_too_small_for_one_step_is_refused_before_anything_is_sent(cluster: LocalCluster, tmp_path: Path) -> None:
     out = tmp_path / "run.json"
     code, output = vesper(
@@ -123,11 +180,14 @@ def test_budget_too_small_for_one_step_is_refused_before_anything_is_sent(cluste
 
 def test_cli_help_lists_the_documented_flags() -> None:
     for command in ("train", "demo"):
-        code, output = vesper(command, "--help")
+        # wide enough that rich does not elide long option names
+        result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "160"})
+        code, output = result.exit_code, result.output
         assert code == 0
-        for flag in ("--dataset", "--extractor", "--decoder", "--epsilon", "--epochs", "--seed", "--accounting", "--json-out"):
+        for flag in ("--dataset", "--extractor", "--decoder", "--epsilon", "--epochs", "--seed", "--accounting",
+                     "--accountant", "--edge-sample-rate", "--degree-bound", "--json-out"):
             assert flag in output, (command, flag)
-    for command in ("serve", "status", "data"):
+    for command in ("serve", "status", "data", "ledger", "bench"):
         assert vesper(command, "--help")[0] == 0
     # config section names survive rich's markup in the help text
     def text(command: str) -> str:

@@ -1,41 +1,105 @@
 """Ledger records and the rule that turns them into ε.
 
-A run declares one per-release DpEvent and a participation bound N_e. Releases are
-grouped into passes (one training epoch, one evaluation sweep), and within a pass a
-node is a root at most once, so a single edge can influence at most N_e releases of
-a pass (docs/privacy.md, "Participation"). The first N_e releases of each pass are
-*counted*: each adds the run's event to the composition; later releases of the same
-pass are recorded but add nothing, since the worst-case edge is already charged N_e
-times in that pass. With one event per run that is exact worst-case accounting, and
-it makes ε a function of the ledger alone::
+A run declares, per kind of release (``train``, ``eval``), one per-release DpEvent and
+a participation bound N_e. Releases are grouped into passes (one training epoch, one
+evaluation sweep), and within a pass a node is a root at most once, so a single edge
+can influence at most N_e releases of a pass (docs/privacy.md, section 4). The first
+N_e releases of each pass are *counted*: each adds its kind's event to the
+composition; later releases of the same pass are recorded but add nothing, since the
+worst-case edge is already charged N_e times in that pass. With one event per kind
+that is exact worst-case accounting at every prefix of the run, and it makes ε a
+function of the ledger alone::
 
-    ε = epsilon_of(SelfComposed(release_event, #counted rows), δ)
+    ε = ε( Composed[ SelfComposed(event_kind, #counted rows of that kind) ], δ )
 
-:func:`replay` recomputes it from the rows and checks the rule row by row.
+under the run's accountant (``pld`` or ``rdp``). Under ``hidden-batch`` the paper's
+own bound (VESPER Theorem 2.1, bound (6) with Lemma 2) is computed from the same rows
+too, and the run is charged the larger of the two numbers.
+
+:func:`replay` recomputes ε from the rows and checks the rule row by row.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Literal
 
 import dp_accounting as dpa
 from pydantic import BaseModel, ConfigDict, Field
 
-from vesper.common.privacy.accounting import EpsilonResult, epsilon_of
-from vesper.common.privacy.events import event_from_json
+from vesper.common.privacy.accounting import epsilon_of
+from vesper.common.privacy.events import EventError, event_from_json
 
 RunState = Literal["active", "completed", "failed", "refused", "cancelled"]
+Kind = Literal["train", "eval"]
+AccountingMode = Literal["visible-batch", "hidden-batch"]
+AccountantName = Literal["pld", "rdp"]
+KINDS: tuple[Kind, ...] = ("train", "eval")
 
 
 class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
 
 
+ASSUMPTIONS: dict[str, str] = {
+    "visible-batch": (
+        "visible-batch: party B sees every batch's node ids, so sampling the roots earns "
+        "no amplification. Each release is a Gaussian mechanism on the edges it can touch; "
+        "in a pass (one epoch, or one evaluation sweep) a node is a root at most once, so "
+        "one edge can influence at most N_e releases of the pass, and only the first N_e "
+        "releases of each pass are counted. Only randomness party A keeps hidden from B "
+        "is credited (none unless an edge sample rate is stated below)."
+    ),
+    "hidden-batch": (
+        "hidden-batch: ASSUMES party B cannot tell which edges a step used, and credits "
+        "the paper's amplification by the batch's sampling probability γ (VESPER "
+        "Theorem 2.1). That assumption is FALSE in vesper's protocol, where B sees every "
+        "batch's node ids: this mode reproduces the paper's numbers and is no guarantee "
+        "against party B. The run is charged the larger of dp-accounting's ε for the "
+        "recorded events and the paper's bound (6) converted with its Lemma 2."
+    ),
+}
+
+
+def assumption_text(mode: str, note: str = "") -> str:
+    """The assumption a run's every status line and report carries, in words."""
+    return ASSUMPTIONS[mode] + (f" {note}" if note else "")
+
+
+class ChargeRule(_Record):
+    """How every release of one kind is charged, fixed when the run is created."""
+
+    kind: Kind
+    release_event: str = Field(description="DpEvent JSON charged for each counted release")
+    participation_bound: int | None = Field(
+        description="N_e: counted releases per pass; null = every release counts", ge=0
+    )
+
+
+class PlanRule(_Record):
+    """A kind's charge as a function of the run's noise multiplier z (for calibration)."""
+
+    kind: Kind
+    participation_bound: int | None = Field(ge=0)
+    sampling_probability: float = Field(1.0, gt=0.0, le=1.0)
+    noise_scale: float = Field(1.0, gt=0.0)
+
+    def event(self, z: float) -> dpa.DpEvent:
+        gaussian = dpa.GaussianDpEvent(self.noise_scale * z)
+        if self.sampling_probability >= 1.0:
+            return gaussian
+        return dpa.PoissonSampledDpEvent(self.sampling_probability, gaussian)
+
+
+class PlannedPass(_Record):
+    kind: Kind
+    releases: int = Field(ge=0)
+
+
 class RunRecord(_Record):
-    """A run as the accountant created it; the mode and budget never change afterwards."""
+    """A run as the accountant created it; the mode, rules and budget never change."""
 
     run_id: str
     status: RunState = "active"
@@ -43,16 +107,17 @@ class RunRecord(_Record):
     closed_at: str | None = None
     closed_reason: str = ""
     privacy_unit: str = Field(description="what one DP neighbour differs in, e.g. 'edge'")
-    accounting: str
+    accounting: AccountingMode
     assumption: str
+    accountant: AccountantName
     epsilon_budget: float
     delta: float
-    release_event: str = Field(description="DpEvent JSON charged for each counted release")
-    participation_bound: int | None = Field(
-        description="N_e: releases per pass that one edge can influence; null = every release"
-    )
+    rules: list[ChargeRule]
     extractor: str
     details: dict = Field(default_factory=dict)
+
+    def rule(self, kind: str) -> ChargeRule | None:
+        return next((r for r in self.rules if r.kind == kind), None)
 
 
 class LedgerRow(_Record):
@@ -60,8 +125,10 @@ class LedgerRow(_Record):
 
     run_id: str
     seq: int
+    release_key: str
+    nodes_digest: str
     pass_id: str
-    kind: Literal["train", "eval"]
+    kind: Kind
     num_nodes: int
     release_event: str
     counted: bool
@@ -70,35 +137,119 @@ class LedgerRow(_Record):
     created_at: str
 
 
+class Spent(_Record):
+    """ε of a run so far, and where it came from."""
+
+    epsilon: float = Field(description="what is charged against the budget")
+    accountant: str = Field(description="what produced `epsilon`")
+    epsilon_events: float = Field(description="dp-accounting's ε of the recorded DpEvents")
+    events_accountant: str
+    epsilon_bound6: float | None = Field(
+        None, description="hidden-batch only: VESPER bound (6) with Lemma 2, from the same rows"
+    )
+    bound6_order: int | None = None
+
+
 def is_counted(releases_before_in_pass: int, participation_bound: int | None) -> bool:
     """Whether the next release of a pass adds to the worst-case edge's composition."""
     return participation_bound is None or releases_before_in_pass < participation_bound
 
 
-def counted_releases(pass_sizes: Iterable[int], participation_bound: int | None) -> int:
-    """Counted releases of a plan: Σ_pass min(N_e, releases in the pass)."""
-    if participation_bound is None:
-        return sum(pass_sizes)
-    return sum(min(participation_bound, size) for size in pass_sizes)
+def counted_per_kind(
+    passes: Iterable[PlannedPass], bounds: Mapping[str, int | None]
+) -> dict[str, int]:
+    """Counted releases of a plan per kind: Σ_pass min(N_e, releases in the pass)."""
+    counted: Counter[str] = Counter()
+    for planned in passes:
+        if planned.kind not in bounds:
+            raise ValueError(f"the plan has a {planned.kind} pass but no rule for {planned.kind} releases")
+        bound = bounds[planned.kind]
+        counted[planned.kind] += planned.releases if bound is None else min(bound, planned.releases)
+    return dict(counted)
 
 
-def composed_event(release_event: dpa.DpEvent, counted: int) -> dpa.DpEvent:
-    """The run's DpEvent after ``counted`` counted releases."""
-    if counted == 0 or isinstance(release_event, dpa.NoOpDpEvent):
+def composed_event(events: Mapping[str, dpa.DpEvent], counted: Mapping[str, int]) -> dpa.DpEvent:
+    """The run's DpEvent after ``counted[kind]`` counted releases of each kind."""
+    parts = [
+        dpa.SelfComposedDpEvent(events[kind], n) if n > 1 else events[kind]
+        for kind, n in sorted(counted.items())
+        if n > 0 and not isinstance(events[kind], dpa.NoOpDpEvent)
+    ]
+    if not parts:
         return dpa.NoOpDpEvent()
-    return dpa.SelfComposedDpEvent(release_event, counted)
+    return parts[0] if len(parts) == 1 else dpa.ComposedDpEvent(parts)
 
 
-def plan_epsilon(
-    release_event: dpa.DpEvent, pass_sizes: Iterable[int], participation_bound: int | None, delta: float
-) -> tuple[EpsilonResult, int]:
-    counted = counted_releases(pass_sizes, participation_bound)
-    return epsilon_of(composed_event(release_event, counted), delta), counted
+def check_hidden_batch_events(events: Mapping[str, dpa.DpEvent]) -> None:
+    """Theorem 2.1 covers sampled Gaussian training steps and unsampled Gaussian sweeps."""
+    train = events.get("train")
+    if not isinstance(train, (dpa.NoOpDpEvent, dpa.NonPrivateDpEvent)) and not (
+        isinstance(train, dpa.PoissonSampledDpEvent) and isinstance(train.event, dpa.GaussianDpEvent)
+    ):
+        raise ValueError("hidden-batch training releases must be PoissonSampled(γ, Gaussian(z)) events")
+    evaluation = events.get("eval", dpa.NoOpDpEvent())
+    if not isinstance(evaluation, (dpa.NoOpDpEvent, dpa.NonPrivateDpEvent, dpa.GaussianDpEvent)):
+        raise ValueError("hidden-batch evaluation releases must be Gaussian events (nothing hides them)")
+
+
+def bound6_epsilon(events: Mapping[str, dpa.DpEvent], counted: Mapping[str, int], delta: float) -> tuple[float, int | None]:
+    """VESPER bound (6) + Lemma 2 over the counted rows (docs/accounting.md)."""
+    from vesper.common.privacy.theorem21 import hidden_batch_bound6_epsilon, lemma2_epsilon
+
+    train, steps = events.get("train", dpa.NoOpDpEvent()), counted.get("train", 0)
+    evaluation, sweeps = events.get("eval", dpa.NoOpDpEvent()), counted.get("eval", 0)
+    if (steps and isinstance(train, dpa.NonPrivateDpEvent)) or (sweeps and isinstance(evaluation, dpa.NonPrivateDpEvent)):
+        return math.inf, None
+    precision = 0.0
+    if sweeps and isinstance(evaluation, dpa.GaussianDpEvent):
+        z = evaluation.noise_multiplier
+        precision = math.inf if z == 0 else sweeps / (z * z)
+    if math.isinf(precision):
+        return math.inf, None
+    if not steps or isinstance(train, dpa.NoOpDpEvent):
+        if precision == 0:
+            return 0.0, None
+        # no sampled step: the Gaussian sweeps' RDP α·Σ n_i/(2 z_i²), converted by Lemma 2
+        return min((lemma2_epsilon(order * precision / 2, order, delta), order) for order in range(2, 257))
+    gaussian = train.event
+    if gaussian.noise_multiplier == 0:
+        return math.inf, None
+    epsilon, order = hidden_batch_bound6_epsilon(
+        gaussian.noise_multiplier, train.sampling_probability, steps, delta,
+        unsampled_gaussian_precision=precision,
+    )
+    return float(epsilon), int(order)
+
+
+def spent(
+    accounting: str, accountant: str, delta: float, events: Mapping[str, dpa.DpEvent], counted: Mapping[str, int]
+) -> Spent:
+    """ε charged for ``counted`` releases of each kind (the rule of the module docstring)."""
+    result = epsilon_of(composed_event(events, counted), delta, accountant=accountant)
+    if accounting != "hidden-batch":
+        return Spent(
+            epsilon=result.epsilon, accountant=result.accountant,
+            epsilon_events=result.epsilon, events_accountant=result.accountant,
+        )
+    bound6, order = bound6_epsilon(events, counted, delta)
+    larger_is_bound6 = bound6 > result.epsilon
+    return Spent(
+        epsilon=max(bound6, result.epsilon),
+        accountant="bound6" if larger_is_bound6 else result.accountant,
+        epsilon_events=result.epsilon, events_accountant=result.accountant,
+        epsilon_bound6=bound6, bound6_order=order,
+    )
+
+
+def parse_rules(record: RunRecord) -> dict[str, dpa.DpEvent]:
+    return {rule.kind: event_from_json(rule.release_event) for rule in record.rules}
 
 
 class ReplayResult(_Record):
     epsilon: float
     accountant: str
+    epsilon_events: float
+    epsilon_bound6: float | None
     counted: int
     charges: int
     recorded_epsilon: float | None
@@ -112,29 +263,48 @@ class ReplayResult(_Record):
 def replay(run: RunRecord, rows: list[LedgerRow]) -> ReplayResult:
     """Recompute ε from the ledger alone and check every row against the rule."""
     problems: list[str] = []
-    event = event_from_json(run.release_event)
+    try:
+        events = parse_rules(run)
+    except EventError as exc:
+        events = {}
+        problems.append(f"the run's rules do not parse: {exc}")
+    bounds = {rule.kind: rule.participation_bound for rule in run.rules}
     per_pass: Counter[str] = Counter()
-    counted = 0
+    pass_kind: dict[str, str] = {}
+    counted: Counter[str] = Counter()
+    keys: set[str] = set()
+    previous = 0.0
     for expected_seq, row in enumerate(sorted(rows, key=lambda r: r.seq)):
         if row.seq != expected_seq:
             problems.append(f"seq {row.seq} where {expected_seq} was expected")
-        if event_from_json(row.release_event) != event:
-            problems.append(f"seq {row.seq}: release event differs from the run's")
-        should_count = is_counted(per_pass[row.pass_id], run.participation_bound)
+        if row.release_key in keys:
+            problems.append(f"seq {row.seq}: release key {row.release_key!r} charged twice")
+        keys.add(row.release_key)
+        if row.kind not in events:
+            problems.append(f"seq {row.seq}: no rule for {row.kind} releases")
+            continue
+        if event_from_json(row.release_event) != events[row.kind]:
+            problems.append(f"seq {row.seq}: release event differs from the run's {row.kind} rule")
+        if pass_kind.setdefault(row.pass_id, row.kind) != row.kind:
+            problems.append(f"seq {row.seq}: pass {row.pass_id!r} mixes kinds")
+        should_count = is_counted(per_pass[row.pass_id], bounds[row.kind])
         if row.counted != should_count:
-            problems.append(
-                f"seq {row.seq}: counted={row.counted} but the rule says {should_count}"
-            )
+            problems.append(f"seq {row.seq}: counted={row.counted} but the rule says {should_count}")
+        if row.epsilon_after < previous:
+            problems.append(f"seq {row.seq}: ε went down from {previous} to {row.epsilon_after}")
+        previous = row.epsilon_after
         per_pass[row.pass_id] += 1
-        counted += int(should_count)
-    result = epsilon_of(composed_event(event, counted), run.delta)
+        counted[row.kind] += int(should_count)
+    result = spent(run.accounting, run.accountant, run.delta, events, counted) if events else None
     recorded = max(rows, key=lambda r: r.seq).epsilon_after if rows else None
-    if recorded is not None and not _same(recorded, result.epsilon):
+    if result is not None and recorded is not None and not _same(recorded, result.epsilon):
         problems.append(f"recorded ε {recorded} differs from the replayed ε {result.epsilon}")
     return ReplayResult(
-        epsilon=result.epsilon,
-        accountant=result.accountant,
-        counted=counted,
+        epsilon=result.epsilon if result else math.nan,
+        accountant=result.accountant if result else "",
+        epsilon_events=result.epsilon_events if result else math.nan,
+        epsilon_bound6=result.epsilon_bound6 if result else None,
+        counted=sum(counted.values()),
         charges=len(rows),
         recorded_epsilon=recorded,
         problems=problems,
@@ -147,15 +317,9 @@ def _same(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12)
 
 
-ASSUMPTIONS: dict[str, str] = {
-    "visible-batch": (
-        "visible-batch: party B sees every batch's node ids, so sampling the roots earns "
-        "no amplification. Each release is a Gaussian mechanism on the edges it can touch; "
-        "in a pass (one epoch, or one evaluation sweep) a node is a root at most once, so "
-        "one edge can influence at most N_e releases of the pass, and only the first N_e "
-        "releases of each pass are counted. Neighbour sampling is not credited."
-    ),
-}
+class CurvePoint(_Record):
+    seq: int = Field(description="ledger position of the charge")
+    epsilon: float = Field(description="ε after that charge")
 
 
 class RunStatusView(_Record):
@@ -164,21 +328,26 @@ class RunStatusView(_Record):
     run_id: str
     status: RunState
     privacy_unit: str
-    accounting: str
+    accounting: AccountingMode
     assumption: str
-    accountant: str
+    accountant: str = Field(description="what produced epsilon_spent")
+    accountant_requested: AccountantName
     epsilon_budget: float
     epsilon_spent: float
+    epsilon_events: float = Field(description="dp-accounting's ε of the recorded DpEvents")
+    epsilon_bound6: float | None = Field(description="hidden-batch only: the paper's bound (6) with Lemma 2")
     delta: float
     charges: int
     counted_charges: int
-    participation_bound: int | None
-    release_event: str
+    rules: list[ChargeRule]
     extractor: str
     details: dict
     created_at: str
     closed_at: str | None
     closed_reason: str
+    epsilon_curve: list[CurvePoint] = Field(
+        description="ε after each charge that changed it (counted charges), in ledger order"
+    )
 
 
 class LedgerView(_Record):

@@ -83,11 +83,16 @@ class PmpExtractor(nn.Module):
             PmpLayer(config.dim, self.aggregates, config.spectral_norm) for _ in range(config.layers)
         )
 
-    def aggregate(self, block: Block, h_src: torch.Tensor) -> torch.Tensor:
-        """The pre-noise release a of one layer (what the sensitivity bounds)."""
+    def aggregate(self, block: Block, h_src: torch.Tensor, capped_degree: torch.Tensor | None = None) -> torch.Tensor:
+        """The pre-noise release a of one layer (what the sensitivity bounds).
+
+        ``capped_degree`` overrides the graph's, for a release that reads a subsample
+        of the edges (its GCN coefficients must come from the graph it read).
+        """
         if self.name == "pmp-gin":
             return gin_aggregate(block, h_src)
-        return gcn_aggregate(block, h_src, self.capped_degree, self.d_min)
+        degree = self.capped_degree if capped_degree is None else capped_degree
+        return gcn_aggregate(block, h_src, degree, self.d_min)
 
     @torch.no_grad()
     def noisy_aggregates(
@@ -96,6 +101,7 @@ class PmpExtractor(nn.Module):
         features: torch.Tensor,
         noise_std: float,
         generator: torch.Generator | None,
+        capped_degree: torch.Tensor | None = None,
     ) -> list[torch.Tensor | None]:
         """The mechanism: every read of the graph, each noised (Algorithm 1, steps 5-9).
 
@@ -109,7 +115,7 @@ class PmpExtractor(nn.Module):
         for layer, block in zip(self.layers, subgraph.blocks):
             noisy = None
             if self.aggregates:
-                noisy = self.aggregate(block, h)
+                noisy = self.aggregate(block, h, capped_degree)
                 if noise_std > 0:
                     noisy = noisy + noise_std * torch.randn(
                         noisy.shape, generator=generator, device=noisy.device, dtype=noisy.dtype
@@ -124,6 +130,7 @@ class PmpExtractor(nn.Module):
         features: torch.Tensor,
         noise_std: float,
         generator: torch.Generator | None,
+        capped_degree: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """B x d x L embeddings of the roots: post-processing of the noisy aggregates.
 
@@ -131,7 +138,7 @@ class PmpExtractor(nn.Module):
         gradient from its features and its noisy aggregates, so A's update (eq. 39)
         flows into the encoder and both weights of every layer, never into the graph.
         """
-        noisy = self.noisy_aggregates(subgraph, features, noise_std, generator)
+        noisy = self.noisy_aggregates(subgraph, features, noise_std, generator, capped_degree)
         h = self.encoder(features[subgraph.roots])
         per_layer = []
         for layer, aggregate in zip(self.layers, noisy):

@@ -6,49 +6,87 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
-class ReleasePlan(_message.Message):
-    __slots__ = ("pass_sizes", "participation_bound")
-    PASS_SIZES_FIELD_NUMBER: _ClassVar[int]
+class PlannedPass(_message.Message):
+    __slots__ = ("kind", "releases")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    RELEASES_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    releases: int
+    def __init__(self, kind: _Optional[str] = ..., releases: _Optional[int] = ...) -> None: ...
+
+class PlanRule(_message.Message):
+    __slots__ = ("kind", "participation_bound", "sampling_probability", "noise_scale")
+    KIND_FIELD_NUMBER: _ClassVar[int]
     PARTICIPATION_BOUND_FIELD_NUMBER: _ClassVar[int]
-    pass_sizes: _containers.RepeatedScalarFieldContainer[int]
+    SAMPLING_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    NOISE_SCALE_FIELD_NUMBER: _ClassVar[int]
+    kind: str
     participation_bound: int
-    def __init__(self, pass_sizes: _Optional[_Iterable[int]] = ..., participation_bound: _Optional[int] = ...) -> None: ...
+    sampling_probability: float
+    noise_scale: float
+    def __init__(self, kind: _Optional[str] = ..., participation_bound: _Optional[int] = ..., sampling_probability: _Optional[float] = ..., noise_scale: _Optional[float] = ...) -> None: ...
+
+class ReleasePlan(_message.Message):
+    __slots__ = ("passes", "rules")
+    PASSES_FIELD_NUMBER: _ClassVar[int]
+    RULES_FIELD_NUMBER: _ClassVar[int]
+    passes: _containers.RepeatedCompositeFieldContainer[PlannedPass]
+    rules: _containers.RepeatedCompositeFieldContainer[PlanRule]
+    def __init__(self, passes: _Optional[_Iterable[_Union[PlannedPass, _Mapping]]] = ..., rules: _Optional[_Iterable[_Union[PlanRule, _Mapping]]] = ...) -> None: ...
+
+class ChargeRule(_message.Message):
+    __slots__ = ("kind", "release_event_json", "participation_bound")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_EVENT_JSON_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPATION_BOUND_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    release_event_json: str
+    participation_bound: int
+    def __init__(self, kind: _Optional[str] = ..., release_event_json: _Optional[str] = ..., participation_bound: _Optional[int] = ...) -> None: ...
 
 class CalibrateRequest(_message.Message):
-    __slots__ = ("mechanism", "plan", "target_epsilon", "delta")
+    __slots__ = ("mechanism", "plan", "target_epsilon", "delta", "accounting", "accountant")
     MECHANISM_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     TARGET_EPSILON_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNTING_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNTANT_FIELD_NUMBER: _ClassVar[int]
     mechanism: str
     plan: ReleasePlan
     target_epsilon: float
     delta: float
-    def __init__(self, mechanism: _Optional[str] = ..., plan: _Optional[_Union[ReleasePlan, _Mapping]] = ..., target_epsilon: _Optional[float] = ..., delta: _Optional[float] = ...) -> None: ...
+    accounting: str
+    accountant: str
+    def __init__(self, mechanism: _Optional[str] = ..., plan: _Optional[_Union[ReleasePlan, _Mapping]] = ..., target_epsilon: _Optional[float] = ..., delta: _Optional[float] = ..., accounting: _Optional[str] = ..., accountant: _Optional[str] = ...) -> None: ...
 
 class CalibrateReply(_message.Message):
-    __slots__ = ("noise_multiplier", "epsilon", "accountant", "release_event_json", "counted_releases")
+    __slots__ = ("noise_multiplier", "epsilon", "accountant", "rules", "counted_releases")
     NOISE_MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
     EPSILON_FIELD_NUMBER: _ClassVar[int]
     ACCOUNTANT_FIELD_NUMBER: _ClassVar[int]
-    RELEASE_EVENT_JSON_FIELD_NUMBER: _ClassVar[int]
+    RULES_FIELD_NUMBER: _ClassVar[int]
     COUNTED_RELEASES_FIELD_NUMBER: _ClassVar[int]
     noise_multiplier: float
     epsilon: float
     accountant: str
-    release_event_json: str
+    rules: _containers.RepeatedCompositeFieldContainer[ChargeRule]
     counted_releases: int
-    def __init__(self, noise_multiplier: _Optional[float] = ..., epsilon: _Optional[float] = ..., accountant: _Optional[str] = ..., release_event_json: _Optional[str] = ..., counted_releases: _Optional[int] = ...) -> None: ...
+    def __init__(self, noise_multiplier: _Optional[float] = ..., epsilon: _Optional[float] = ..., accountant: _Optional[str] = ..., rules: _Optional[_Iterable[_Union[ChargeRule, _Mapping]]] = ..., counted_releases: _Optional[int] = ...) -> None: ...
 
 class EstimateRequest(_message.Message):
-    __slots__ = ("release_event_json", "plan", "delta")
-    RELEASE_EVENT_JSON_FIELD_NUMBER: _ClassVar[int]
-    PLAN_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("rules", "passes", "delta", "accounting", "accountant")
+    RULES_FIELD_NUMBER: _ClassVar[int]
+    PASSES_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
-    release_event_json: str
-    plan: ReleasePlan
+    ACCOUNTING_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNTANT_FIELD_NUMBER: _ClassVar[int]
+    rules: _containers.RepeatedCompositeFieldContainer[ChargeRule]
+    passes: _containers.RepeatedCompositeFieldContainer[PlannedPass]
     delta: float
-    def __init__(self, release_event_json: _Optional[str] = ..., plan: _Optional[_Union[ReleasePlan, _Mapping]] = ..., delta: _Optional[float] = ...) -> None: ...
+    accounting: str
+    accountant: str
+    def __init__(self, rules: _Optional[_Iterable[_Union[ChargeRule, _Mapping]]] = ..., passes: _Optional[_Iterable[_Union[PlannedPass, _Mapping]]] = ..., delta: _Optional[float] = ..., accounting: _Optional[str] = ..., accountant: _Optional[str] = ...) -> None: ...
 
 class EstimateReply(_message.Message):
     __slots__ = ("epsilon", "accountant", "counted_releases")
@@ -61,56 +99,62 @@ class EstimateReply(_message.Message):
     def __init__(self, epsilon: _Optional[float] = ..., accountant: _Optional[str] = ..., counted_releases: _Optional[int] = ...) -> None: ...
 
 class CreateRunRequest(_message.Message):
-    __slots__ = ("run_id", "privacy_unit", "accounting", "epsilon_budget", "delta", "release_event_json", "participation_bound", "extractor", "details_json")
+    __slots__ = ("run_id", "privacy_unit", "accounting", "epsilon_budget", "delta", "accountant", "rules", "extractor", "details_json", "assumption_note")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     PRIVACY_UNIT_FIELD_NUMBER: _ClassVar[int]
     ACCOUNTING_FIELD_NUMBER: _ClassVar[int]
     EPSILON_BUDGET_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
-    RELEASE_EVENT_JSON_FIELD_NUMBER: _ClassVar[int]
-    PARTICIPATION_BOUND_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNTANT_FIELD_NUMBER: _ClassVar[int]
+    RULES_FIELD_NUMBER: _ClassVar[int]
     EXTRACTOR_FIELD_NUMBER: _ClassVar[int]
     DETAILS_JSON_FIELD_NUMBER: _ClassVar[int]
+    ASSUMPTION_NOTE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     privacy_unit: str
     accounting: str
     epsilon_budget: float
     delta: float
-    release_event_json: str
-    participation_bound: int
+    accountant: str
+    rules: _containers.RepeatedCompositeFieldContainer[ChargeRule]
     extractor: str
     details_json: str
-    def __init__(self, run_id: _Optional[str] = ..., privacy_unit: _Optional[str] = ..., accounting: _Optional[str] = ..., epsilon_budget: _Optional[float] = ..., delta: _Optional[float] = ..., release_event_json: _Optional[str] = ..., participation_bound: _Optional[int] = ..., extractor: _Optional[str] = ..., details_json: _Optional[str] = ...) -> None: ...
+    assumption_note: str
+    def __init__(self, run_id: _Optional[str] = ..., privacy_unit: _Optional[str] = ..., accounting: _Optional[str] = ..., epsilon_budget: _Optional[float] = ..., delta: _Optional[float] = ..., accountant: _Optional[str] = ..., rules: _Optional[_Iterable[_Union[ChargeRule, _Mapping]]] = ..., extractor: _Optional[str] = ..., details_json: _Optional[str] = ..., assumption_note: _Optional[str] = ...) -> None: ...
 
 class ChargeRequest(_message.Message):
-    __slots__ = ("run_id", "seq", "pass_id", "kind", "num_nodes", "release_event_json")
+    __slots__ = ("run_id", "pass_id", "kind", "num_nodes", "release_event_json", "release_key", "nodes_digest")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
-    SEQ_FIELD_NUMBER: _ClassVar[int]
     PASS_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     NUM_NODES_FIELD_NUMBER: _ClassVar[int]
     RELEASE_EVENT_JSON_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_KEY_FIELD_NUMBER: _ClassVar[int]
+    NODES_DIGEST_FIELD_NUMBER: _ClassVar[int]
     run_id: str
-    seq: int
     pass_id: str
     kind: str
     num_nodes: int
     release_event_json: str
-    def __init__(self, run_id: _Optional[str] = ..., seq: _Optional[int] = ..., pass_id: _Optional[str] = ..., kind: _Optional[str] = ..., num_nodes: _Optional[int] = ..., release_event_json: _Optional[str] = ...) -> None: ...
+    release_key: str
+    nodes_digest: str
+    def __init__(self, run_id: _Optional[str] = ..., pass_id: _Optional[str] = ..., kind: _Optional[str] = ..., num_nodes: _Optional[int] = ..., release_event_json: _Optional[str] = ..., release_key: _Optional[str] = ..., nodes_digest: _Optional[str] = ...) -> None: ...
 
 class ChargeReceipt(_message.Message):
-    __slots__ = ("run_id", "seq", "counted", "epsilon_spent", "epsilon_budget")
+    __slots__ = ("run_id", "seq", "counted", "epsilon_spent", "epsilon_budget", "replayed")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     COUNTED_FIELD_NUMBER: _ClassVar[int]
     EPSILON_SPENT_FIELD_NUMBER: _ClassVar[int]
     EPSILON_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     seq: int
     counted: bool
     epsilon_spent: float
     epsilon_budget: float
-    def __init__(self, run_id: _Optional[str] = ..., seq: _Optional[int] = ..., counted: _Optional[bool] = ..., epsilon_spent: _Optional[float] = ..., epsilon_budget: _Optional[float] = ...) -> None: ...
+    replayed: bool
+    def __init__(self, run_id: _Optional[str] = ..., seq: _Optional[int] = ..., counted: _Optional[bool] = ..., epsilon_spent: _Optional[float] = ..., epsilon_budget: _Optional[float] = ..., replayed: _Optional[bool] = ...) -> None: ...
 
 class GetRunRequest(_message.Message):
     __slots__ = ("run_id",)
@@ -129,7 +173,7 @@ class CloseRunRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class RunStatus(_message.Message):
-    __slots__ = ("run_id", "status", "epsilon_budget", "epsilon_spent", "delta", "accounting", "assumption", "charges", "counted_charges", "accountant")
+    __slots__ = ("run_id", "status", "epsilon_budget", "epsilon_spent", "delta", "accounting", "assumption", "charges", "counted_charges", "accountant", "epsilon_events", "epsilon_bound6")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     EPSILON_BUDGET_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +184,8 @@ class RunStatus(_message.Message):
     CHARGES_FIELD_NUMBER: _ClassVar[int]
     COUNTED_CHARGES_FIELD_NUMBER: _ClassVar[int]
     ACCOUNTANT_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_BOUND6_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     status: str
     epsilon_budget: float
@@ -150,4 +196,6 @@ class RunStatus(_message.Message):
     charges: int
     counted_charges: int
     accountant: str
-    def __init__(self, run_id: _Optional[str] = ..., status: _Optional[str] = ..., epsilon_budget: _Optional[float] = ..., epsilon_spent: _Optional[float] = ..., delta: _Optional[float] = ..., accounting: _Optional[str] = ..., assumption: _Optional[str] = ..., charges: _Optional[int] = ..., counted_charges: _Optional[int] = ..., accountant: _Optional[str] = ...) -> None: ...
+    epsilon_events: float
+    epsilon_bound6: float
+    def __init__(self, run_id: _Optional[str] = ..., status: _Optional[str] = ..., epsilon_budget: _Optional[float] = ..., epsilon_spent: _Optional[float] = ..., delta: _Optional[float] = ..., accounting: _Optional[str] = ..., assumption: _Optional[str] = ..., charges: _Optional[int] = ..., counted_charges: _Optional[int] = ..., accountant: _Optional[str] = ..., epsilon_events: _Optional[float] = ..., epsilon_bound6: _Optional[float] = ...) -> None: ...

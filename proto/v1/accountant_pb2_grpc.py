@@ -77,7 +77,7 @@ class AccountantServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Estimate(self, request, context):
-        """Epsilon a plan would spend with a given per-release event.
+        """Epsilon a plan would spend with given per-release events.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -91,7 +91,8 @@ class AccountantServicer:
 
     def Charge(self, request, context):
         """Write-ahead charge: committed to the ledger before it is acknowledged; refused
-        with RESOURCE_EXHAUSTED when the budget cannot cover it.
+        with RESOURCE_EXHAUSTED when the budget cannot cover it. Idempotent per
+        (run_id, release_key): a retried charge returns the original receipt.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

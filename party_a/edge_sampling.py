@@ -1,0 +1,39 @@
+"""Per release, a secret Poisson sample of party A's edges (the visible-batch credit).
+
+Every undirected edge is kept independently with probability q, with coins drawn
+afresh for each release from A's secret generator, which B never sees. If the edge
+(u*, v*) that separates two neighbouring graphs is not drawn, the sampled graphs are
+identically distributed; if it is, they differ by that one edge and the extractor's
+sensitivity applies. That is Poisson subsampling with add/remove neighbours, so each
+counted release is charged PoissonSampledDpEvent(q, GaussianDpEvent(z))
+(docs/privacy.md, section 4.4).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vesper.party_a.graph_store import Graph
+
+
+class EdgeSubsampler:
+    def __init__(self, graph: Graph, rate: float) -> None:
+        if not 0.0 < rate < 1.0:
+            raise ValueError(f"the edge sample rate must be in (0, 1), got {rate}")
+        self.graph = graph
+        self.rate = rate
+        src = torch.repeat_interleave(torch.arange(graph.num_nodes, device=graph.device), graph.degree)
+        low = torch.minimum(src, graph.indices)
+        high = torch.maximum(src, graph.indices)
+        # both CSR slots of an undirected edge share one id, so both directions share one coin
+        _, self.edge_of_slot = torch.unique(low * graph.num_nodes + high, return_inverse=True)
+        self.row_of_slot = src
+
+    def sample(self, generator: torch.Generator) -> Graph:
+        """The graph of one release: each undirected edge kept with probability q."""
+        coins = torch.rand(self.graph.num_edges, generator=generator) < self.rate
+        keep = coins.to(self.graph.device)[self.edge_of_slot]
+        counts = torch.bincount(self.row_of_slot[keep], minlength=self.graph.num_nodes)
+        indptr = torch.zeros(self.graph.num_nodes + 1, dtype=torch.int64, device=self.graph.device)
+        indptr[1:] = torch.cumsum(counts, 0)
+        return Graph(indptr=indptr, indices=self.graph.indices[keep], num_nodes=self.graph.num_nodes)
