@@ -286,3 +286,35 @@ def test_rest_status_ledger_curve_and_openapi(accountant: Accountant) -> None:
     assert {"/healthz", "/v1/runs", "/v1/runs/{run_id}", "/v1/runs/{run_id}/ledger"} <= set(paths)
     # REST only reads: nothing there can create or charge
     assert all(set(methods) == {"get"} for methods in paths.values())
+
+
+# shared/design/privacy.md, "Why it matters": 150,000 training nodes, batch 256, 5 epochs,
+# L = 1, D = 10, δ = 1e-6; z needed per target ε (hidden-batch, visible-batch with N_e = 2)
+CONTRACT_TABLE = {1: ("1.20", "13.4"), 4: ("0.69", "3.77"), 8: ("0.56", "2.06"), 16: ("0.46", "1.17")}
+
+
+@pytest.mark.parametrize("target", sorted(CONTRACT_TABLE))
+def test_the_two_modes_reproduce_the_contract_table(accountant: Accountant, target: int) -> None:
+    from vesper.common.privacy.accounting import calibrate
+    from vesper.common.privacy.theorem21 import theorem21_gamma
+
+    hidden_printed, visible_printed = CONTRACT_TABLE[target]
+    steps = math.ceil(150_000 / 256)
+    passes = [PlannedPass(kind="train", releases=steps)] * 5
+    gamma = theorem21_gamma(150_000, 256, 10, 1)
+
+    visible = [PlanRule(kind="train", participation_bound=2)]
+    z, result, _, counted = accountant.calibrate_gaussian(passes, visible, target, 1e-6, "visible-batch", "pld")
+    assert counted == 10 and result.epsilon <= target
+    assert f"{z:.{len(visible_printed.split('.')[1])}f}" == visible_printed
+
+    hidden = [PlanRule(kind="train", participation_bound=None, sampling_probability=gamma)]
+    z_run, result, _, counted = accountant.calibrate_gaussian(passes, hidden, target, 1e-6, "hidden-batch", "rdp")
+    assert counted == 2930 == 5 * steps
+    # the table's column is dp-accounting's RDP on the recorded events alone ...
+    events = lambda z: dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(gamma, dpa.GaussianDpEvent(z)), counted)  # noqa: E731
+    z_events, _ = calibrate(events, target, 1e-6, accountant="rdp")
+    assert f"{z_events:.2f}" == hidden_printed
+    # ... and the run is charged the larger of that and bound (6), so it needs at least as much noise
+    assert z_run >= z_events * (1 - 1e-6)
+    assert result.epsilon <= target and result.epsilon_bound6 <= target and result.epsilon_events <= target
