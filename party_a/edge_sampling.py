@@ -6,7 +6,7 @@ afresh for each release from A's secret generator, which B never sees. If the ed
 identically distributed; if it is, they differ by that one edge and the extractor's
 sensitivity applies. That is Poisson subsampling with add/remove neighbours, so each
 counted release is charged PoissonSampledDpEvent(q, GaussianDpEvent(z))
-(docs/privacy.md, section 4.4).
+(docs/privacy.md, section 5.2, eq. L2).
 """
 
 from __future__ import annotations

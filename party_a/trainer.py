@@ -264,6 +264,10 @@ class GraphPartyRun:
                 validate_node_ids(values, name=f"party B's {name} split", num_nodes=num_nodes)
                 if values else torch.empty(0, dtype=torch.int64)
             )
+        # both charging forms need every node to be a root at most once per pass
+        evaluated = torch.cat([ids["val"], ids["test"]])
+        if torch.unique(evaluated).numel() != evaluated.numel():
+            raise ValueError("party B's val and test splits overlap: a node would be released twice in one pass")
         chunk = self.config.eval_chunk
         return ReleasePlan(
             train_ids=ids["train"],

@@ -7,6 +7,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 from e2e import ledger, receipts
@@ -62,6 +63,12 @@ class MisbehavingLabelParty(LabelPartyService):
     def __init__(self, config: PartyBConfig, fault: str, at_step: int = 2) -> None:
         super().__init__(config)
         self.fault, self.at_step = fault, at_step
+
+    def SetupRun(self, request, context):
+        reply = super().SetupRun(request, context)
+        if self.fault == "overlap":  # a node in both evaluation splits would be released twice in a pass
+            reply.test_ids.append(reply.val_ids[0])
+        return reply
 
     def Train(self, request_iterator, context):
         for reply in super().Train(request_iterator, context):
@@ -127,3 +134,14 @@ def test_a_misbehaving_party_b_ends_the_run_with_a_clear_error(misbehaving, faul
     view = _assert_replays(accountant.info["rest_url"], summary.run_id)
     assert view["run"]["status"] == "failed"
     assert len(view["rows"]) == 3  # steps 0, 1, 2 were charged; nothing after the fault
+
+
+def test_overlapping_evaluation_splits_are_refused_before_anything_is_charged(misbehaving) -> None:
+    servicer, party_a, accountant = misbehaving
+    servicer.fault = "overlap"
+    config = RunConfig.model_validate({"dataset": "cora", "epochs": 1, "privacy": {"epsilon": 8}})
+    summary = drive_run(party_a.grpc_address, config, QUIET)
+    assert summary.status == "failed" and "val and test splits overlap" in summary.message, summary.message
+    assert summary.steps == 0 and summary.epsilon_spent == 0
+    response = httpx.get(f"{accountant.info['rest_url']}/v1/runs/{summary.run_id}", timeout=10)
+    assert response.status_code == 404  # the run never reached the accountant
