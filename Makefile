@@ -29,11 +29,7 @@ bench-accounting: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python -m vesper.proto.generate
 
-check-# a benchmark command, not a timed test: calibration time and peak memory per accountant
-bench-accounting: $(STAMP)
-	$(BIN)/vesper bench accounting --steps 1000 --steps 10000
-
-proto: $(STAMP)
+check-proto: $(STAMP)
 	$(BIN)/python -m vesper.proto.generate --check
 
 clean:

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from vesper.common.privacy.accounting import epsilon_of
 from vesper.common.privacy.events import EventError, event_from_json
+from vesper.common.privacy.theorem21 import hidden_batch_bound6_epsilon
 
 RunState = Literal["active", "completed", "failed", "refused", "cancelled"]
 Kind = Literal["train", "eval"]
@@ -194,8 +195,6 @@ def check_hidden_batch_events(events: Mapping[str, dpa.DpEvent]) -> None:
 
 def bound6_epsilon(events: Mapping[str, dpa.DpEvent], counted: Mapping[str, int], delta: float) -> tuple[float, int | None]:
     """VESPER bound (6) + Lemma 2 over the counted rows (docs/accounting.md)."""
-    from vesper.common.privacy.theorem21 import hidden_batch_bound6_epsilon, lemma2_epsilon
-
     train, steps = events.get("train", dpa.NoOpDpEvent()), counted.get("train", 0)
     evaluation, sweeps = events.get("eval", dpa.NoOpDpEvent()), counted.get("eval", 0)
     if (steps and isinstance(train, dpa.NonPrivateDpEvent)) or (sweeps and isinstance(evaluation, dpa.NonPrivateDpEvent)):
@@ -209,15 +208,12 @@ def bound6_epsilon(events: Mapping[str, dpa.DpEvent], counted: Mapping[str, int]
     if not steps or isinstance(train, dpa.NoOpDpEvent):
         if precision == 0:
             return 0.0, None
-        # no sampled step: the Gaussian sweeps' RDP α·Σ n_i/(2 z_i²), converted by Lemma 2
-        return min((lemma2_epsilon(order * precision / 2, order, delta), order) for order in range(2, 257))
-    gaussian = train.event
-    if gaussian.noise_multiplier == 0:
+        z, gamma, steps = 1.0, 0.0, 0  # no sampled step: only the sweeps' Gaussian RDP counts
+    else:
+        z, gamma = train.event.noise_multiplier, train.sampling_probability
+    if z == 0:
         return math.inf, None
-    epsilon, order = hidden_batch_bound6_epsilon(
-        gaussian.noise_multiplier, train.sampling_probability, steps, delta,
-        unsampled_gaussian_precision=precision,
-    )
+    epsilon, order = hidden_batch_bound6_epsilon(z, gamma, steps, delta, unsampled_gaussian_precision=precision)
     return float(epsilon), int(order)
 
 
