@@ -291,7 +291,7 @@ class Accountant:
                     f"to {after.epsilon:.6g}, above the budget {record.epsilon_budget:g} (delta={record.delta:.3g})",
                 )
             row = LedgerRow(
-                run_id=run_id, seq=state.next_seq, release_key=release_key, nodes_digest=nodes_digest,
+                run_id=run_id, seq=state.next_seq, accounting=record.accounting, release_key=release_key, nodes_digest=nodes_digest,
                 pass_id=pass_id, kind=kind, num_nodes=num_nodes, release_event=rule.release_event,
                 counted=counted, epsilon_after=after.epsilon, accountant=after.accountant, created_at=_now(),
             )

@@ -16,6 +16,7 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE TABLE IF NOT EXISTS charges (
     run_id TEXT NOT NULL REFERENCES runs(run_id),
     seq INTEGER NOT NULL,
+    accounting TEXT NOT NULL,        -- the run's mode, repeated so every row states it
     release_key TEXT NOT NULL,       -- party A's name for the release; a retry reuses it
     nodes_digest TEXT NOT NULL,
     pass_id TEXT NOT NULL,
@@ -40,7 +41,7 @@ class LedgerSchemaError(RuntimeError):
 
 
 _COLUMNS = (
-    "run_id", "seq", "release_key", "nodes_digest", "pass_id", "kind", "num_nodes", "release_event",
+    "run_id", "seq", "accounting", "release_key", "nodes_digest", "pass_id", "kind", "num_nodes", "release_event",
     "counted", "epsilon_after", "accountant", "created_at",
 )
 
@@ -95,9 +96,9 @@ class LedgerStore:
         """Insert one charge; returns only after SQLite has committed it."""
         with self._lock:
             self._db.execute(
-                "INSERT INTO charges VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO charges VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
-                    row.run_id, row.seq, row.release_key, row.nodes_digest, row.pass_id, row.kind, row.num_nodes, row.release_event,
+                    row.run_id, row.seq, row.accounting, row.release_key, row.nodes_digest, row.pass_id, row.kind, row.num_nodes, row.release_event,
                     int(row.counted), row.epsilon_after, row.accountant, row.created_at,
                 ),
             )

@@ -189,6 +189,7 @@ def test_the_mode_is_recorded_at_creation_and_never_changes(accountant: Accounta
         _charge(accountant, f"t{i}", event=sampled)
     view = accountant.status("run1")
     assert view.accounting == "hidden-batch" and "ASSUMES party B cannot tell" in view.assumption
+    assert {row.accounting for row in accountant.store.charges("run1")} == {"hidden-batch"}  # every row says so
     # both numbers are reported and the larger is charged
     assert view.epsilon_bound6 is not None and view.epsilon_events > 0
     assert view.epsilon_spent == max(view.epsilon_bound6, view.epsilon_events)

@@ -57,7 +57,7 @@ def _ledger(bound: int | None, passes: list[tuple[str, int]], z: float = 2.0) ->
             counted += c
             eps = epsilon_of(composed_event({"train": dpa.GaussianDpEvent(z)}, {"train": counted}), 1e-5).epsilon
             rows.append(LedgerRow(
-                run_id="r", seq=seq, release_key=f"{pass_id}/{i}", nodes_digest="d", pass_id=pass_id, kind=kind,
+                run_id="r", seq=seq, accounting="visible-batch", release_key=f"{pass_id}/{i}", nodes_digest="d", pass_id=pass_id, kind=kind,
                 num_nodes=10, release_event=event, counted=c, epsilon_after=eps, accountant="gaussian-exact",
                 created_at="t",
             ))
@@ -88,6 +88,8 @@ def test_replay_detects_tampering() -> None:
     assert any("release event differs" in p for p in replay(run, swapped).problems)
     twice = [r.model_copy(update={"release_key": "train-0/0"}) if r.seq == 1 else r for r in rows]
     assert any("charged twice" in p for p in replay(run, twice).problems)
+    relabelled = [r.model_copy(update={"accounting": "hidden-batch"}) if r.seq == 2 else r for r in rows]
+    assert any("row says hidden-batch" in p for p in replay(run, relabelled).problems)
     mixed = [r.model_copy(update={"kind": "eval"}) if r.seq == 3 else r for r in rows]
     assert any("mixes kinds" in p for p in replay(run, mixed).problems)
 

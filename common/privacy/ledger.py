@@ -126,6 +126,7 @@ class LedgerRow(_Record):
 
     run_id: str
     seq: int
+    accounting: AccountingMode = Field(description="the run's mode, on every row (hidden-batch assumes B cannot see batches)")
     release_key: str
     nodes_digest: str
     pass_id: str
@@ -273,6 +274,8 @@ def replay(run: RunRecord, rows: list[LedgerRow]) -> ReplayResult:
     for expected_seq, row in enumerate(sorted(rows, key=lambda r: r.seq)):
         if row.seq != expected_seq:
             problems.append(f"seq {row.seq} where {expected_seq} was expected")
+        if row.accounting != run.accounting:
+            problems.append(f"seq {row.seq}: row says {row.accounting}, the run is {run.accounting}")
         if row.release_key in keys:
             problems.append(f"seq {row.seq}: release key {row.release_key!r} charged twice")
         keys.add(row.release_key)
