@@ -262,8 +262,9 @@ class RunSummary(_Model):
     seconds: float = 0.0
     noise_multiplier: float | None = None
     noise_std: float | None = None
-    sensitivity: float | None = None
-    participation_bound: int | None = None
+    sensitivity: float | None = Field(None, description="of each counted release")
+    sensitivity_form: str = Field("", description="per-pass or per-step (docs/privacy.md, section 4.3)")
+    participation_bound: int | None = Field(None, description="counted releases per pass; null = every release")
     split: str = ""
     status_url: str = ""
     baseline: RunSummary | None = None

@@ -176,9 +176,10 @@ def print_summaries(summaries: list[RunSummary]) -> None:
         if s.extractor == "mlp":
             noise = "reads no edges, so spends nothing"
         elif s.noise_multiplier:
+            counted = "every release" if s.participation_bound is None else f"{s.participation_bound} per pass"
             noise = (
-                f"noise std θ={s.noise_std:.4g} = z {s.noise_multiplier:.4g} × step sensitivity "
-                f"{s.sensitivity:.4g}, N_e={'every release' if s.participation_bound is None else s.participation_bound}"
+                f"noise std θ={s.noise_std:.4g} = z {s.noise_multiplier:.4g} × {s.sensitivity_form} sensitivity "
+                f"{s.sensitivity:.4g}; counted releases: {counted}"
             )
         else:
             noise = "no noise"

@@ -184,6 +184,7 @@ class GraphPartyRun:
                 "split": reply.split, "noise_multiplier": release.noise_multiplier, "noise_std": release.noise_std,
                 "sensitivity": release.sensitivity, "participation_bound": release.participation_bound,
                 "accountant_requested": cfg.privacy.accountant,
+                "sensitivity_form": release.details.get("sensitivity_form", ""),
             })
             self._create_run(plan, release, reply.split)
             run_created = True
@@ -303,7 +304,10 @@ class GraphPartyRun:
             return visible, rule.sensitivity, details
         degree = ex.degree_bound or ex.fanout
         gamma = theorem21_gamma(plan.train_ids.numel(), min(cfg.batch_size, plan.train_ids.numel()), degree, ex.layers)
-        details.update({"gamma": gamma, "gamma_degree": degree, "step_sensitivity": rule.step_sensitivity})
+        details.update({
+            "gamma": gamma, "gamma_degree": degree, "step_sensitivity": rule.step_sensitivity,
+            "sensitivity_form": "per-step", "eval_sensitivity_form": rule.form,
+        })
         hidden = [
             PlanRule(kind="train", participation_bound=None, sampling_probability=gamma),
             PlanRule(
