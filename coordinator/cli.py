@@ -455,7 +455,7 @@ def demo(
             else:
                 console.print(
                     f"the services stop now; the ledger stays in {cluster.ledger}. To read it again: "
-                    f"vesper status {summary.run_id} --ledger {cluster.ledger} --verify", highlight=False,
+                    f"vesper ledger verify {summary.run_id} --ledger {cluster.ledger}", highlight=False,
                 )
     except (ServiceStartError, RunClientError) as exc:
         _fail(str(exc), 1)

@@ -35,8 +35,8 @@ def test_demo_trains_reports_and_shuts_down(tmp_path: Path) -> None:
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
     # the ledger outlives the services and still verifies
     verify = subprocess.run(
-        [sys.executable, "-m", "vesper.coordinator", "status", summary["run_id"], "--ledger",
-         str(tmp_path / "demo" / "ledger.sqlite"), "--verify"],
+        [sys.executable, "-m", "vesper.coordinator", "ledger", "verify", summary["run_id"], "--ledger",
+         str(tmp_path / "demo" / "ledger.sqlite")],
         capture_output=True, text=True, timeout=60,
     )
     assert verify.returncode == 0 and "verified" in verify.stdout, verify.stdout + verify.stderr
