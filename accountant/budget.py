@@ -43,6 +43,7 @@ from vesper.common.privacy.ledger import (
     composed_event,
     counted_per_kind,
     is_counted,
+    parse_rules,
     spent,
 )
 
@@ -234,7 +235,7 @@ class Accountant:
             record = self.store.get_run(run_id)
             if record is None:
                 raise AccountantError("NOT_FOUND", f"unknown run id {run_id!r}")
-            events = {rule.kind: event_from_json(rule.release_event) for rule in record.rules}
+            events = parse_rules(record)
             state = _RunState(record, events)
             rows = self.store.charges(run_id)
             for row in rows:
