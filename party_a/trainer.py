@@ -160,7 +160,7 @@ class GraphPartyRun:
             # the stable degree-D projection, under a seed only A knows (docs/privacy.md, 3.5)
             seed = torch.randint(0, 1 << 32, (2,), generator=self.sampling_generator, dtype=torch.int64).tolist()
             self.graph = project_degree(data.graph, ex.degree_bound, (seed[0], seed[1]))
-        self.fanout = 0 if ex.degree_bound > 0 else ex.fanout
+        self.fanout = 0 if ex.degree_bound > 0 else ex.fanout  # a projection is read whole
         self.sampler = None if ex.name == "mlp" else NeighbourSampler(self.graph, self.fanout, ex.layers)
         rate = config.privacy.edge_sample_rate
         self.edge_subsampler = EdgeSubsampler(self.graph, rate) if rate and self.sampler else None
@@ -287,8 +287,7 @@ class GraphPartyRun:
         sampling to hide behind and is charged as under visible-batch.
         """
         cfg, ex = self.config, self.config.extractor
-        fanout = 0 if ex.degree_bound else ex.fanout  # a projection is read whole
-        rule = charge_rule(ex.name, ex.layers, fanout, ex.d_min, ex.degree_bound)
+        rule = charge_rule(ex.name, ex.layers, self.fanout, ex.d_min, ex.degree_bound)
         details = {"sensitivity_form": rule.form, "derivation": rule.derivation}
         q = cfg.privacy.edge_sample_rate
         if q is not None and ex.name != "mlp":
@@ -387,12 +386,15 @@ class GraphPartyRun:
 
     def _build_model(self) -> tuple[PmpExtractor, torch.optim.Optimizer]:
         ex = self.config.extractor
-        degree = self.graph.degree
-        capped = degree.clamp(max=ex.fanout) if ex.fanout and not ex.degree_bound else degree
+        capped = self._capped_degree(self.graph)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.config.seed)
             model = PmpExtractor(ex, self.data.features.shape[1], capped).to(self.device)
         return model, build_optimizer(self.config.optimizer, model.parameters())
+
+    def _capped_degree(self, graph: Graph) -> torch.Tensor:
+        """d̂ = min(degree, D) of the graph a release reads (GCN's coefficients)."""
+        return graph.degree.clamp(max=self.fanout) if self.fanout else graph.degree
 
     # -- releases ----------------------------------------------------------------------------
     def _charged_release(
@@ -406,7 +408,7 @@ class GraphPartyRun:
             # this release reads a fresh secret Poisson sample of the edges (party_a.edge_sampling)
             graph = self.edge_subsampler.sample(self.sampling_generator)
             sampler = NeighbourSampler(graph, self.fanout, self.config.extractor.layers)
-            capped_degree = graph.degree.clamp(max=self.fanout) if self.fanout else graph.degree
+            capped_degree = self._capped_degree(graph)
         if sampler is None:
             subgraph = edgeless_subgraph(roots_on_device, self.config.extractor.layers)
         else:
