@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import threading
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -38,7 +37,6 @@ from vesper.common.privacy.ledger import (
     RunStatusView,
     Spent,
     assumption_text,
-    bound6_epsilon,
     check_hidden_batch_events,
     composed_event,
     counted_per_kind,
@@ -46,6 +44,7 @@ from vesper.common.privacy.ledger import (
     parse_rules,
     spent,
 )
+from vesper.common.privacy.theorem21 import calibrate_bound6
 
 ACCOUNTANTS = ("pld", "rdp")
 
@@ -162,8 +161,7 @@ class Accountant:
             )
             if accounting == "hidden-batch":
                 # both numbers fall as z grows, so the plan fits at the larger of the two z's
-                bound6 = lambda z: bound6_epsilon(events(z), counted, delta)[0]  # noqa: E731
-                z = max(z, _calibrate_number(bound6, target_epsilon))
+                z = max(z, _calibrate_bound6(plan_rules, counted, target_epsilon, delta))
         except ValueError as exc:
             raise _invalid(str(exc)) from None
         rules = [
@@ -342,25 +340,17 @@ class Accountant:
         return [self.status(record.run_id) for record in self.store.list_runs()]
 
 
-def _calibrate_number(epsilon_at: Callable[[float], float], target: float) -> float:
-    """Smallest z (to 1e-9 relative) with epsilon_at(z) ≤ target; epsilon_at falls as z grows.
+def _calibrate_bound6(plan_rules: list[PlanRule], counted: dict[str, int], target: float, delta: float) -> float:
+    """z at which bound (6) meets the target: sampled train steps plus the unsampled sweep.
 
-    Bisection in log z, returning the end of the bracket that satisfies the target.
+    The sweep's releases at noise multiplier s·z add precision n/(s z)², i.e. n/s²
+    releases at z (ledger.bound6_epsilon charges the same).
     """
-    if not target > 0 or math.isinf(target):
-        raise ValueError(f"target epsilon must be finite and > 0, got {target}")
-    high = 1.0
-    while epsilon_at(high) > target:
-        high *= 2.0
-        if high > 1e6:
-            raise ValueError(f"no noise multiplier up to 1e6 brings this plan to epsilon <= {target}")
-    low = high / 2.0
-    while low > 1e-6 and epsilon_at(low) <= target:
-        high, low = low, low / 2.0
-    while high / low - 1.0 > 1e-9:
-        mid = math.sqrt(low * high)
-        if epsilon_at(mid) <= target:
-            high = mid
-        else:
-            low = mid
-    return high
+    train = next(rule for rule in plan_rules if rule.kind == "train")
+    sweeps = sum(
+        counted.get(rule.kind, 0) / rule.noise_scale**2 for rule in plan_rules if rule.kind != "train"
+    )
+    z, _, _ = calibrate_bound6(
+        target, train.sampling_probability, counted.get("train", 0), delta, unsampled_releases=sweeps
+    )
+    return z

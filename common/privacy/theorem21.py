@@ -169,7 +169,7 @@ def calibrate_bound6(
     steps: int,
     delta: float,
     *,
-    unsampled_releases: int = 0,
+    unsampled_releases: float = 0.0,
     orders: Iterable[int] = DEFAULT_ORDERS,
     z_max: float = 1e6,
     rtol: float = 1e-9,
@@ -177,7 +177,8 @@ def calibrate_bound6(
     """Smallest z with bound-(6) ε ≤ target: (z, ε, α).
 
     ``unsampled_releases`` unsampled Gaussian releases with the same z (an evaluation
-    sweep) add precision n/z². Bisection in log z to ``rtol``; returns the upper end of
+    sweep) add precision n/z²; releases at noise multiplier s·z count n/s² each, so the
+    argument is Σ n_i/s_i² and need not be an integer. Bisection in log z to ``rtol``; returns the upper end of
     the bracket, so the result always meets the target.
     """
     if not target_epsilon > 0 or math.isinf(target_epsilon):
