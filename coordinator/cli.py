@@ -158,6 +158,13 @@ def _overrides(**kw: Any) -> dict[str, Any]:
     }
 
 
+def _hidden_batch_numbers(events: float | None, bound6: float | None) -> str:
+    return (
+        f"hidden-batch: ε from dp-accounting events {format_epsilon(events)}, from the paper's "
+        f"bound (6) {format_epsilon(bound6)}; charged the larger."
+    )
+
+
 def print_summaries(summaries: list[RunSummary]) -> None:
     table = Table(box=box.SIMPLE_HEAD)
     for column in ("run", "extractor", "status", "test", "ε / budget", "time"):
@@ -191,11 +198,7 @@ def print_summaries(summaries: list[RunSummary]) -> None:
             highlight=False,
         )
         if s.accounting == "hidden-batch":
-            console.print(
-                f"  hidden-batch: ε from dp-accounting events {format_epsilon(s.epsilon_events)}, from the "
-                f"paper's bound (6) {format_epsilon(s.epsilon_bound6)}; charged the larger. {s.assumption}",
-                highlight=False,
-            )
+            console.print(f"  {_hidden_batch_numbers(s.epsilon_events, s.epsilon_bound6)} {s.assumption}", highlight=False)
         console.print(f"  status: {s.status_url}", highlight=False)
 
 
@@ -359,11 +362,7 @@ def status(
                 highlight=False,
             )
             if view.accounting == "hidden-batch":
-                console.print(
-                    f"hidden-batch numbers: dp-accounting events {format_epsilon(view.epsilon_events)}, "
-                    f"paper's bound (6) {format_epsilon(view.epsilon_bound6)}; the larger is charged",
-                    highlight=False,
-                )
+                console.print(_hidden_batch_numbers(view.epsilon_events, view.epsilon_bound6), highlight=False)
             console.print(f"accounting: {view.assumption}", highlight=False)
             if view.closed_reason:
                 console.print(f"closed: {view.closed_reason}", highlight=False)
