@@ -15,15 +15,17 @@ from typing import TypeVar
 import grpc
 
 from vesper.accountant.budget import Accountant, AccountantError
-from vesper.common.privacy.ledger import ChargeRule, PlannedPass, PlanRule, RunStatusView
+from vesper.common.privacy.ledger import RunStatusView
+from vesper.common.privacy.plan_messages import (
+    passes_from_proto,
+    plan_rules_from_proto,
+    rule_to_proto,
+    rules_from_proto,
+)
 from vesper.proto.v1 import accountant_pb2 as pb
 from vesper.proto.v1 import accountant_pb2_grpc as pb_grpc
 
 T = TypeVar("T")
-
-
-def _optional(message: object, name: str) -> int | None:
-    return getattr(message, name) if message.HasField(name) else None
 
 
 def status_message(view: RunStatusView) -> pb.RunStatus:
@@ -38,34 +40,6 @@ def status_message(view: RunStatusView) -> pb.RunStatus:
         if view.epsilon_bound6 is not None:
             message.epsilon_bound6 = view.epsilon_bound6
     return message
-
-
-def rule_message(rule: ChargeRule) -> pb.ChargeRule:
-    message = pb.ChargeRule(kind=rule.kind, release_event_json=rule.release_event)
-    if rule.participation_bound is not None:
-        message.participation_bound = rule.participation_bound
-    return message
-
-
-def _rules(messages) -> list[ChargeRule]:
-    return [
-        ChargeRule(kind=m.kind, release_event=m.release_event_json, participation_bound=_optional(m, "participation_bound"))
-        for m in messages
-    ]
-
-
-def _passes(messages) -> list[PlannedPass]:
-    return [PlannedPass(kind=m.kind, releases=m.releases) for m in messages]
-
-
-def _plan_rules(messages) -> list[PlanRule]:
-    return [
-        PlanRule(
-            kind=m.kind, participation_bound=_optional(m, "participation_bound"),
-            sampling_probability=m.sampling_probability or 1.0, noise_scale=m.noise_scale or 1.0,
-        )
-        for m in messages
-    ]
 
 
 class AccountantService(pb_grpc.AccountantServicer):
@@ -99,20 +73,20 @@ class AccountantService(pb_grpc.AccountantServicer):
         z, result, rules, counted = self._call(
             context,
             lambda: self.accountant.calibrate_gaussian(
-                _passes(request.plan.passes), _plan_rules(request.plan.rules), request.target_epsilon,
+                passes_from_proto(request.plan.passes), plan_rules_from_proto(request.plan.rules), request.target_epsilon,
                 request.delta, request.accounting or "visible-batch", request.accountant or "pld",
             ),
         )
         return pb.CalibrateReply(
             noise_multiplier=z, epsilon=result.epsilon, accountant=result.accountant,
-            rules=[rule_message(rule) for rule in rules], counted_releases=counted,
+            rules=[rule_to_proto(rule) for rule in rules], counted_releases=counted,
         )
 
     def Estimate(self, request: pb.EstimateRequest, context: grpc.ServicerContext) -> pb.EstimateReply:
         result, counted = self._call(
             context,
             lambda: self.accountant.estimate(
-                _rules(request.rules), _passes(request.passes), request.delta,
+                rules_from_proto(request.rules), passes_from_proto(request.passes), request.delta,
                 request.accounting or "visible-batch", request.accountant or "pld",
             ),
         )
@@ -128,7 +102,7 @@ class AccountantService(pb_grpc.AccountantServicer):
             context,
             lambda: self.accountant.create_run(
                 request.run_id, request.privacy_unit, request.accounting, request.accountant or "pld",
-                request.epsilon_budget, request.delta, _rules(request.rules), request.extractor, details,
+                request.epsilon_budget, request.delta, rules_from_proto(request.rules), request.extractor, details,
                 request.assumption_note,
             ),
         )

@@ -17,6 +17,7 @@ import grpc
 
 from vesper.common.grpc_server import channel_options
 from vesper.common.privacy.ledger import ChargeRule, PlannedPass, PlanRule
+from vesper.common.privacy.plan_messages import passes_to_proto, plan_rule_to_proto, rule_to_proto
 from vesper.proto.v1 import accountant_pb2 as acc_pb
 from vesper.proto.v1 import accountant_pb2_grpc as acc_grpc
 from vesper.proto.v1 import label_party_pb2 as lp_pb
@@ -76,31 +77,13 @@ class AccountantClient:
                 raise PeerError(f"accountant at {self.address} failed to {what}: {_describe(error)}") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
-    @staticmethod
-    def _rule(rule: ChargeRule) -> acc_pb.ChargeRule:
-        message = acc_pb.ChargeRule(kind=rule.kind, release_event_json=rule.release_event)
-        if rule.participation_bound is not None:
-            message.participation_bound = rule.participation_bound
-        return message
-
-    @staticmethod
-    def _passes(passes: list[PlannedPass]) -> list[acc_pb.PlannedPass]:
-        return [acc_pb.PlannedPass(kind=p.kind, releases=p.releases) for p in passes]
-
     def calibrate(
         self, passes: list[PlannedPass], rules: list[PlanRule], target_epsilon: float, delta: float,
         accounting: str, accountant: str,
     ) -> acc_pb.CalibrateReply:
-        plan_rules = []
-        for rule in rules:
-            message = acc_pb.PlanRule(
-                kind=rule.kind, sampling_probability=rule.sampling_probability, noise_scale=rule.noise_scale
-            )
-            if rule.participation_bound is not None:
-                message.participation_bound = rule.participation_bound
-            plan_rules.append(message)
+        plan = acc_pb.ReleasePlan(passes=passes_to_proto(passes), rules=[plan_rule_to_proto(r) for r in rules])
         request = acc_pb.CalibrateRequest(
-            mechanism="gaussian", plan=acc_pb.ReleasePlan(passes=self._passes(passes), rules=plan_rules),
+            mechanism="gaussian", plan=plan,
             target_epsilon=target_epsilon, delta=delta, accounting=accounting, accountant=accountant,
         )
         return self._call("calibrate the noise", self._stub.Calibrate, request)
@@ -109,7 +92,7 @@ class AccountantClient:
         self, rules: list[ChargeRule], passes: list[PlannedPass], delta: float, accounting: str, accountant: str
     ) -> acc_pb.EstimateReply:
         request = acc_pb.EstimateRequest(
-            rules=[self._rule(r) for r in rules], passes=self._passes(passes), delta=delta,
+            rules=[rule_to_proto(r) for r in rules], passes=passes_to_proto(passes), delta=delta,
             accounting=accounting, accountant=accountant,
         )
         return self._call("estimate the plan's epsilon", self._stub.Estimate, request)
@@ -120,7 +103,7 @@ class AccountantClient:
     ) -> acc_pb.RunStatus:
         request = acc_pb.CreateRunRequest(
             run_id=run_id, privacy_unit="edge", accounting=accounting, accountant=accountant,
-            epsilon_budget=epsilon_budget, delta=delta, rules=[self._rule(r) for r in rules],
+            epsilon_budget=epsilon_budget, delta=delta, rules=[rule_to_proto(r) for r in rules],
             extractor=extractor, details_json=json.dumps(details), assumption_note=assumption_note,
         )
         return self._call("create the run", self._stub.CreateRun, request, spend=True)
