@@ -267,7 +267,7 @@ class Accountant:
             if record.status != "active":
                 raise AccountantError("FAILED_PRECONDITION", f"run {run_id!r} is {record.status}; it takes no more charges")
             if kind not in KINDS:
-                raise _invalid(f"kind must be train or eval, got {kind!r}")
+                raise _invalid(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
             rule = record.rule(kind)
             if rule is None:
                 raise _invalid(f"run {run_id!r} has no rule for {kind} releases")
@@ -348,7 +348,8 @@ def _calibrate_bound6(plan_rules: list[PlanRule], counted: dict[str, int], targe
     """
     train = next(rule for rule in plan_rules if rule.kind == "train")
     sweeps = sum(
-        counted.get(rule.kind, 0) / rule.noise_scale**2 for rule in plan_rules if rule.kind != "train"
+        counted.get(rule.kind, 0) / rule.noise_scale**2 for rule in plan_rules
+        if rule.kind != "train" and rule.mechanism == "gaussian"
     )
     z, _, _ = calibrate_bound6(
         target, train.sampling_probability, counted.get("train", 0), delta, unsampled_releases=sweeps

@@ -14,7 +14,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-ExtractorName = Literal["mlp", "pmp-gin", "pmp-gcn"]
 DecoderName = Literal["concat", "gru"]
 AccountingMode = Literal["visible-batch", "hidden-batch"]
 AccountantName = Literal["pld", "rdp"]
@@ -28,7 +27,11 @@ class _Model(BaseModel):
 class ExtractorConfig(_Model):
     """Party A's encoder and private representation extractor (PRE)."""
 
-    name: ExtractorName = "pmp-gcn"
+    name: str = Field(
+        "pmp-gcn",
+        pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$",
+        description="a registered extractor (`vesper extractors` lists them): mlp, pmp-gin, pmp-gcn, gap, ...",
+    )
     layers: int = Field(1, ge=1, le=8, description="L, message-passing layers")
     fanout: int = Field(
         10, ge=0, description="D, neighbours sampled per node and layer; 0 = all neighbours"
@@ -50,6 +53,10 @@ class ExtractorConfig(_Model):
         ge=0,
         description="D of the stable degree projection A applies to its graph before reading it; "
         "0 = none (needed for a participation bound with layers >= 2)",
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the extractor's own hyper-parameters, validated by party A against its plugin",
     )
 
 
@@ -248,6 +255,7 @@ class RunSummary(_Model):
     extractor: str
     decoder: str
     accounting: str
+    privacy_unit: str = Field("edge", description="what one DP neighbour differs in: edge or node")
     epsilon_budget: float
     epsilon_spent: float
     delta: float

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from enum import Enum
 from pathlib import Path
@@ -43,12 +44,6 @@ class Service(str, Enum):
     party_a = "party-a"
     party_b = "party-b"
     accountant = "accountant"
-
-
-class Extractor(str, Enum):
-    mlp = "mlp"
-    pmp_gin = "pmp-gin"
-    pmp_gcn = "pmp-gcn"
 
 
 class Decoder(str, Enum):
@@ -108,7 +103,16 @@ def _run_config(base: VesperConfig, overrides: dict[str, Any]) -> RunConfig:
 
 # shared run options of `train` and `demo` -------------------------------------------------------
 DatasetOpt = typer.Option(None, "--dataset", help="Bundled name (cora), a name from the parties' \\[datasets], or an .npz path.")
-ExtractorOpt = typer.Option(None, "--extractor", help="Party A's extractor.")
+ExtractorOpt = typer.Option(
+    None, "--extractor",
+    help="Party A's extractor, a plugin installed at A (`vesper extractors` lists this machine's): "
+    "mlp, pmp-gin, pmp-gcn, gap, vfgnn, dpar-edge, dpar-node, ...",
+)
+ParamOpt = typer.Option(
+    None, "--param", "-p",
+    help="An extractor hyper-parameter as KEY=VALUE (VALUE read as JSON when it parses, else as text); "
+    "repeat for several. `vesper extractors` lists each extractor's.",
+)
 DecoderOpt = typer.Option(None, "--decoder", help="Party B's decoder.")
 EpsilonOpt = typer.Option(None, "--epsilon", help="Edge-level ε budget; 'inf' = no noise and no budget.")
 EpochsOpt = typer.Option(None, "--epochs", help="Training epochs.", min=1)
@@ -155,7 +159,22 @@ def _overrides(**kw: Any) -> dict[str, Any]:
         "optimizer.lr": kw["lr"],
         "extractor.noise_multiplier": kw["noise_multiplier"],
         "wire_dtype": kw["wire_dtype"],
+        **{f"extractor.params.{key}": value for key, value in _params(kw["param"]).items()},
     }
+
+
+def _params(pairs: list[str] | None) -> dict[str, Any]:
+    """``--param KEY=VALUE`` pairs; VALUE is JSON when it parses (numbers, true, lists), else text."""
+    parsed: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, text = pair.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            _fail(f"--param {pair!r}: expected KEY=VALUE with KEY a parameter name")
+        try:
+            parsed[key] = json.loads(text)
+        except json.JSONDecodeError:
+            parsed[key] = text
+    return parsed
 
 
 def _hidden_batch_numbers(events: float | None, bound6: float | None) -> str:
@@ -192,7 +211,7 @@ def print_summaries(summaries: list[RunSummary]) -> None:
             noise = "no noise"
         val = f", val {s.val_metric.value:.4f}" if s.val_metric else ""
         console.print(
-            f"[bold]{s.run_id}[/] {s.extractor}+{s.decoder} on {s.dataset}, {s.steps} steps{val}: edge-level ε spent "
+            f"[bold]{s.run_id}[/] {s.extractor}+{s.decoder} on {s.dataset}, {s.steps} steps{val}: {s.privacy_unit}-level ε spent "
             f"{format_epsilon(s.epsilon_spent)} of {format_epsilon(s.epsilon_budget)} at δ={s.delta:.3g} "
             f"({s.accounting}, {s.accountant or 'no charges'}); {noise}",
             highlight=False,
@@ -247,7 +266,8 @@ def train(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file with \\[run] and \\[coordinator]."),
     party_a: Optional[str] = typer.Option(None, "--party-a", help="Party A's gRPC address (default: \\[coordinator].party_a)."),
     dataset: Optional[str] = DatasetOpt,
-    extractor: Optional[Extractor] = ExtractorOpt,
+    extractor: Optional[str] = ExtractorOpt,
+    param: Optional[list[str]] = ParamOpt,
     decoder: Optional[Decoder] = DecoderOpt,
     epsilon: Optional[str] = EpsilonOpt,
     epochs: Optional[int] = EpochsOpt,
@@ -407,7 +427,8 @@ def ledger_verify(
 @app.command()
 def demo(
     dataset: Optional[str] = DatasetOpt,
-    extractor: Optional[Extractor] = ExtractorOpt,
+    extractor: Optional[str] = ExtractorOpt,
+    param: Optional[list[str]] = ParamOpt,
     decoder: Optional[Decoder] = DecoderOpt,
     epsilon: Optional[str] = EpsilonOpt,
     epochs: Optional[int] = EpochsOpt,
@@ -441,7 +462,7 @@ def demo(
             console.print(f"accountant status: {cluster.status_url}/v1/runs", highlight=False)
             summary = drive_run(cluster.party_a_address, run, console)
             if baseline and run.extractor.name != "mlp":
-                mlp = run.model_copy(update={"extractor": run.extractor.model_copy(update={"name": "mlp"})})
+                mlp = run.model_copy(update={"extractor": run.extractor.model_copy(update={"name": "mlp", "params": {}})})
                 summary = summary.model_copy(update={"baseline": drive_run(cluster.party_a_address, mlp, console)})
             print_summaries([summary] + ([summary.baseline] if summary.baseline else []))
             _write_json(json_out, summary)
@@ -459,6 +480,57 @@ def demo(
     except (ServiceStartError, RunClientError) as exc:
         _fail(str(exc), 1)
     raise typer.Exit(EXIT_CODES[summary.status])
+
+
+@app.command("extractors")
+def extractors_command(
+    as_json: bool = typer.Option(False, "--json", help="Print the list as JSON."),
+) -> None:
+    """List the extractors installed on this machine: privacy unit, cost model, hyper-parameters.
+
+    Party A runs the extractor, so what counts is what is installed where A runs; a
+    third-party package adds one under the `vesper.extractors` entry-point group.
+    """
+    from vesper.party_a.extractors.registry import describe_params, installed
+
+    found = installed()
+    if as_json:
+        rows = []
+        for item in found:
+            row: dict[str, Any] = {"name": item.name, "source": item.source, "distribution": item.distribution}
+            if item.extractor is None:
+                row["error"] = item.error
+            else:
+                spec = item.extractor.spec
+                row.update({
+                    "privacy_unit": spec.privacy_unit, "cost_model": spec.cost_model, "summary": spec.summary,
+                    "accountings": list(spec.accountings), "edge_sampling": spec.edge_sampling,
+                    "uses": list(spec.uses), "docs": spec.docs,
+                    "params": [{"name": n, "default": d, "description": t} for n, d, t in describe_params(spec.params)],
+                })
+            rows.append(row)
+        console.print_json(json.dumps(rows))
+        return
+    table = Table(box=box.SIMPLE_HEAD)
+    for column in ("name", "privacy unit", "cost model", "accounting"):
+        table.add_column(column, no_wrap=True)
+    for item in found:
+        if item.extractor is None:
+            table.add_row(item.name, "-", "-", "[red]unavailable[/]")
+            continue
+        spec = item.extractor.spec
+        table.add_row(spec.name, spec.privacy_unit, spec.cost_model, ", ".join(spec.accountings))
+    console.print(table)
+    for item in found:
+        if item.extractor is None:
+            console.print(f"[bold]{item.name}[/] ({item.source}) is unavailable: {item.error}", highlight=False)
+            continue
+        spec = item.extractor.spec
+        console.print(f"[bold]{spec.name}[/]: {spec.summary}", highlight=False)
+        shared = ", ".join(spec.uses) or "none"
+        console.print(f"  from {item.distribution}; docs {spec.docs or '-'}; reads extractor.{{{shared}}}", highlight=False)
+        for name, default, description in describe_params(spec.params):
+            console.print(f"  --param {name}=…  (default {default}) {description}", highlight=False)
 
 
 bench_app = typer.Typer(help="Benchmarks: commands that measure, not tests.", no_args_is_help=True)

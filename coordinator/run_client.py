@@ -62,7 +62,7 @@ def drive_run(party_a: str, config: RunConfig, console: Console) -> RunSummary:
                     if p.phase == "train":
                         progress.update(
                             task, total=p.total_steps, completed=p.step, loss=f"{p.loss:.4f}",
-                            eps=format_epsilon(p.epsilon_spent), description=f"epoch {p.epoch}/{p.epochs}",
+                            eps=format_epsilon(p.epsilon_spent), description=f"{p.message or 'epoch'} {p.epoch}/{p.epochs}",
                         )
                     elif p.message:
                         progress.update(task, description=p.message, eps=format_epsilon(p.epsilon_spent))

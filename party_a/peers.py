@@ -99,10 +99,10 @@ class AccountantClient:
 
     def create_run(
         self, run_id: str, epsilon_budget: float, delta: float, rules: list[ChargeRule], extractor: str,
-        accounting: str, accountant: str, details: dict, assumption_note: str = "",
+        accounting: str, accountant: str, details: dict, assumption_note: str = "", privacy_unit: str = "edge",
     ) -> acc_pb.RunStatus:
         request = acc_pb.CreateRunRequest(
-            run_id=run_id, privacy_unit="edge", accounting=accounting, accountant=accountant,
+            run_id=run_id, privacy_unit=privacy_unit, accounting=accounting, accountant=accountant,
             epsilon_budget=epsilon_budget, delta=delta, rules=[rule_to_proto(r) for r in rules],
             extractor=extractor, details_json=json.dumps(details), assumption_note=assumption_note,
         )

@@ -1,14 +1,18 @@
-"""Party A's side of one run: VESPER's Algorithm 3 with write-ahead charging.
+"""Party A's side of one run: VESPER's Algorithm 3 with write-ahead charging, for any extractor.
 
-    set-up   B tells A the split; A plans its releases, the accountant calibrates θ
-    train    per step: sample roots' subgraphs, encode, PMP (noise θ), charge, send
-             B x d x L to B, receive dLoss/dH, update encoder and extractor
-    evaluate per chunk of validation/test nodes: PMP, charge, send; B returns metrics
+    set-up   A builds the run's extractor (a plugin, party_a.extractors.registry);
+             B tells A the split; the extractor states each kind of release's DpEvent as
+             a function of z; the accountant calibrates z
+    prepare  the extractor's stages before training: edge-free pre-training with B,
+             one-shot releases (GAP's hops, DPAR's neighbourhoods), each charged first
+    train    per step: the extractor releases the batch's B x d x L', A charges it, sends
+             it to B, receives dLoss/dH and updates what the extractor trains
+    evaluate per chunk of validation/test nodes: release, charge, send; B returns metrics
 
 Nothing leaves A before the accountant has committed its charge, and a refused
-charge ends the run cleanly without sending. The run's plan (epochs x steps plus one
-evaluation sweep) is exactly what is charged, so a calibrated run ends with
-ε spent = the calibrated ε ≤ budget.
+charge ends the run cleanly without sending. The run's plan (one-shot releases,
+stages, epochs x steps, one evaluation sweep) is exactly what is charged, so a
+calibrated run ends with ε spent = the calibrated ε ≤ budget.
 """
 
 from __future__ import annotations
@@ -18,24 +22,22 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import dp_accounting as dpa
 import torch
+from torch import nn
 
 from vesper.common.config import Metric, PartyAConfig, RunConfig, RunSummary
 from vesper.common.dataset_files import load_graph_part
 from vesper.common.optim import build_optimizer
 from vesper.common.privacy.events import event_to_json
-from vesper.common.privacy.ledger import ChargeRule, PlannedPass, PlanRule
-from vesper.common.privacy.theorem21 import theorem21_gamma
+from vesper.common.privacy.ledger import ChargeRule, PlanRule
 from vesper.common.wire import WireError, decode_tensor, dtype_to_proto, encode_tensor, validate_node_ids
-from vesper.party_a.degree_projection import project_degree
-from vesper.party_a.edge_sampling import EdgeSubsampler
-from vesper.party_a.extractors.pmp import PmpExtractor
-from vesper.party_a.extractors.sensitivity import charge_rule
+from vesper.party_a.extractors.base import ChargePlan, Extractor, ExtractorSetup, RootPlan, Stage
+from vesper.party_a.extractors.registry import lookup, validated_params
 from vesper.party_a.graph_store import Graph, build_graph
 from vesper.party_a.peers import (
     AccountantClient,
@@ -43,7 +45,6 @@ from vesper.party_a.peers import (
     LabelPartyClient,
     PeerError,
 )
-from vesper.party_a.sampler import NeighbourSampler, edgeless_subgraph
 from vesper.proto.v1 import label_party_pb2 as lp_pb
 
 
@@ -78,32 +79,24 @@ class Cancelled(RuntimeError):
 
 
 @dataclass(frozen=True)
-class ReleasePlan:
-    train_ids: torch.Tensor
-    val_ids: torch.Tensor
-    test_ids: torch.Tensor
-    steps_per_epoch: int
-    eval_chunks: int
-
-    def passes(self, epochs: int) -> list[PlannedPass]:
-        return [PlannedPass(kind="train", releases=self.steps_per_epoch)] * epochs + [
-            PlannedPass(kind="eval", releases=self.eval_chunks)
-        ]
-
-
-@dataclass(frozen=True)
 class Release:
-    """How each release is privatised and what each kind of release is charged."""
+    """How each kind of release is charged, fixed for the run."""
 
     rules: list[ChargeRule]
     noise_multiplier: float | None
-    noise_std: float
     sensitivity: float
     participation_bound: int | None
     details: dict
 
+    @property
+    def noise_std(self) -> float:
+        return 0.0 if self.noise_multiplier is None else self.noise_multiplier * self.sensitivity
+
     def event_json(self, kind: str) -> str:
-        return next(rule.release_event for rule in self.rules if rule.kind == kind)
+        for rule in self.rules:
+            if rule.kind == kind:
+                return rule.release_event
+        raise ValueError(f"the extractor declared no charge rule for {kind} releases")
 
 
 def _fixed_rules(plan_rules: list[PlanRule], event_of: Callable[[PlanRule], dpa.DpEvent]) -> list[ChargeRule]:
@@ -127,6 +120,26 @@ def _secret_generators(settings: PartyAConfig, run_seed: int, device: torch.devi
     sampling = torch.Generator().manual_seed(base)
     noise = torch.Generator(device=device).manual_seed(base ^ 0x5DEECE66D)
     return sampling, noise
+
+
+class _Preparation:
+    """The PrepareSession an extractor's ``prepare`` gets: charging and training with B."""
+
+    def __init__(self, run: GraphPartyRun, roots: RootPlan, release: Release) -> None:
+        self.run = run
+        self.roots = roots
+        self.release = release
+
+    def charge_one_shot(self, index: int, node_ids: torch.Tensor) -> None:
+        self.run.charge(node_ids, self.release, "one-shot-0", "one-shot", index)
+
+    def train_stage(
+        self, stage: Stage, release: Callable[[torch.Tensor], torch.Tensor], parameters: Iterable[nn.Parameter]
+    ) -> None:
+        self.run.train_stage(self.roots, self.release, stage, release, list(parameters))
+
+    def progress(self, message: str) -> None:
+        self.run.report(ProgressEvent("prepare", message=message, epsilon_spent=self.run.epsilon_spent))
 
 
 class GraphPartyRun:
@@ -154,16 +167,6 @@ class GraphPartyRun:
         self.steps_done = 0
         self.status_url = f"{settings.accountant_status_url.rstrip('/')}/v1/runs/{self.run_id}"
         self.sampling_generator, self.noise_generator = _secret_generators(settings, config.seed, self.device)
-        ex = config.extractor
-        self.graph = data.graph
-        if ex.name != "mlp" and ex.degree_bound > 0:
-            # the stable degree-D projection, under a seed only A knows (docs/privacy.md, 3.5)
-            seed = torch.randint(0, 1 << 32, (2,), generator=self.sampling_generator, dtype=torch.int64).tolist()
-            self.graph = project_degree(data.graph, ex.degree_bound, (seed[0], seed[1]))
-        self.fanout = 0 if ex.degree_bound > 0 else ex.fanout  # a projection is read whole
-        self.sampler = None if ex.name == "mlp" else NeighbourSampler(self.graph, self.fanout, ex.layers)
-        rate = config.privacy.edge_sample_rate
-        self.edge_subsampler = EdgeSubsampler(self.graph, rate) if rate and self.sampler else None
 
     # -- the run -------------------------------------------------------------------------------
     def execute(self) -> RunSummary:
@@ -175,24 +178,31 @@ class GraphPartyRun:
             epsilon_spent=0.0, delta=self.delta, status_url=self.status_url,
         )
         b_ready = run_created = False
+        extractor: Extractor | None = None
         try:
-            reply = self._setup_label_party()
+            extractor = self._build_extractor()
+            summary = summary.model_copy(update={"delta": self.delta, "privacy_unit": extractor.spec.privacy_unit})
+            reply = self._setup_label_party(self.run_id, extractor.output_layers)
             b_ready = True
-            plan = self._plan(reply)
-            release = self._release(plan)
+            roots = self._plan(reply)
+            plan = extractor.charge_plan(roots)
+            release = self._release(roots, plan)
+            extractor.bind(release.noise_multiplier)
             summary = summary.model_copy(update={
                 "split": reply.split, "noise_multiplier": release.noise_multiplier, "noise_std": release.noise_std,
                 "sensitivity": release.sensitivity, "participation_bound": release.participation_bound,
                 "accountant_requested": cfg.privacy.accountant,
                 "sensitivity_form": release.details.get("sensitivity_form", ""),
             })
-            self._create_run(plan, release, reply.split)
+            self._create_run(roots, plan, release, reply.split, extractor)
             run_created = True
-            self._check_plan_fits(plan, release)
-            model, optimizer = self._build_model()
-            self._train(plan, release, model, optimizer)
-            metrics = self._evaluate(plan, release, model)
-            self._save(model, optimizer)
+            self._check_plan_fits(roots, plan, release)
+            extractor.prepare(_Preparation(self, roots, release))
+            parameters = extractor.trainable_parameters()
+            optimizer = build_optimizer(cfg.optimizer, parameters) if parameters else None
+            self._train(roots, release, extractor, optimizer)
+            metrics = self._evaluate(roots, release, extractor)
+            self._save(extractor, optimizer)
             summary = summary.model_copy(update={
                 "status": "completed",
                 "test_metric": metrics.get("test"),
@@ -229,11 +239,25 @@ class GraphPartyRun:
         return summary
 
     # -- set-up ------------------------------------------------------------------------------
-    def _setup_label_party(self) -> lp_pb.SetupRunReply:
+    def _build_extractor(self) -> Extractor:
+        """The run's extractor, from the plugins installed at A (ValueError: unknown or misconfigured)."""
+        cls = lookup(self.config.extractor.name)
+        params = validated_params(cls.spec, self.config)
+        if self.config.privacy.delta is None and cls.spec.privacy_unit == "node":
+            self.delta = 1.0 / max(2, self.data.graph.num_nodes)
+        self.report(ProgressEvent("setup", message=f"building extractor {cls.spec.name}"))
+        setup = ExtractorSetup(
+            config=self.config, params=params, graph=self.data.graph, features=self.data.features,
+            device=self.device, sampling_generator=self.sampling_generator,
+            noise_generator=self.noise_generator, delta=self.delta,
+        )
+        return cls(setup)
+
+    def _setup_label_party(self, session_id: str, layers: int) -> lp_pb.SetupRunReply:
         cfg = self.config
-        self.report(ProgressEvent("setup", message=f"setting up run {self.run_id} with party B"))
+        self.report(ProgressEvent("setup", message=f"setting up {session_id} with party B"))
         request = lp_pb.SetupRunRequest(
-            run_id=self.run_id,
+            run_id=session_id,
             dataset=cfg.dataset,
             decoder=lp_pb.DecoderSpec(kind=cfg.decoder.kind, hidden_dim=cfg.decoder.hidden_dim, dropout=cfg.decoder.dropout),
             optimizer=lp_pb.OptimizerSpec(name=cfg.optimizer.name, lr=cfg.optimizer.lr, weight_decay=cfg.optimizer.weight_decay),
@@ -243,13 +267,13 @@ class GraphPartyRun:
                 status_url=self.status_url,
             ),
             embedding_dim=cfg.extractor.dim,
-            num_layers=cfg.extractor.layers,
+            num_layers=layers,
             wire_dtype=dtype_to_proto(cfg.wire_dtype),
             split_seed=cfg.split_seed,
         )
         return self.label_party.setup(request)
 
-    def _plan(self, reply: lp_pb.SetupRunReply) -> ReleasePlan:
+    def _plan(self, reply: lp_pb.SetupRunReply) -> RootPlan:
         num_nodes = self.data.graph.num_nodes
         if reply.num_nodes != num_nodes:
             raise ValueError(
@@ -270,7 +294,7 @@ class GraphPartyRun:
         if torch.unique(evaluated).numel() != evaluated.numel():
             raise ValueError("party B's val and test splits overlap: a node would be released twice in one pass")
         chunk = self.config.eval_chunk
-        return ReleasePlan(
+        return RootPlan(
             train_ids=ids["train"],
             val_ids=ids["val"],
             test_ids=ids["test"],
@@ -278,99 +302,74 @@ class GraphPartyRun:
             eval_chunks=math.ceil(ids["val"].numel() / chunk) + math.ceil(ids["test"].numel() / chunk),
         )
 
-    def _plan_rules(self, plan: ReleasePlan) -> tuple[list[PlanRule], float, dict]:
-        """Each kind's charge as a function of z, and the sensitivity θ = z · S refers to.
+    def _release(self, roots: RootPlan, plan: ChargePlan) -> Release:
+        """Each kind's DpEvent: calibrated Gaussian, fixed Gaussian, non-private, or no-op."""
+        cfg = self.config
+        kinds = [rule.kind for rule in plan.rules]
+        if len(set(kinds)) != len(kinds) or not {"train", "eval"} <= set(kinds):
+            raise ValueError(f"extractor {cfg.extractor.name} must declare one rule for each of train and eval, got {kinds}")
+        if plan.one_shot_releases and "one-shot" not in kinds:
+            raise ValueError(f"extractor {cfg.extractor.name} plans one-shot releases but declares no rule for them")
+        if plan.stages and any(r.kind == "train" and r.mechanism != "no-op" for r in plan.rules):
+            raise ValueError(f"extractor {cfg.extractor.name} has edge-free stages but a costly train rule")
 
-        visible-batch: both kinds are charged the extractor's rule (docs/privacy.md,
-        section 4). hidden-batch: training steps are PoissonSampled(γ, Gaussian(θ/S_step))
-        with γ of VESPER Theorem 2.1, every step counted; the evaluation sweep has no
-        sampling to hide behind and is charged as under visible-batch.
-        """
-        cfg, ex = self.config, self.config.extractor
-        rule = charge_rule(ex.name, ex.layers, self.fanout, ex.d_min, ex.degree_bound)
-        details = {"sensitivity_form": rule.form, "derivation": rule.derivation}
-        q = cfg.privacy.edge_sample_rate
-        if q is not None and ex.name != "mlp":
-            # releases with independent coins: the per-step form (docs/privacy.md, 5.2, eq. L2)
-            details.update({"sensitivity_form": "per-step", "edge_sample_rate": q})
-            rules = [
-                PlanRule(kind=kind, participation_bound=rule.edge_reach, sampling_probability=q)
-                for kind in ("train", "eval")
-            ]
-            return rules, rule.step_sensitivity, details
-        visible = [PlanRule(kind=kind, participation_bound=rule.participation_bound) for kind in ("train", "eval")]
-        if cfg.privacy.accounting == "visible-batch" or ex.name == "mlp":
-            return visible, rule.sensitivity, details
-        degree = ex.degree_bound or ex.fanout
-        gamma = theorem21_gamma(plan.train_ids.numel(), min(cfg.batch_size, plan.train_ids.numel()), degree, ex.layers)
-        details.update({
-            "gamma": gamma, "gamma_degree": degree, "step_sensitivity": rule.step_sensitivity,
-            "sensitivity_form": "per-step", "eval_sensitivity_form": rule.form,
-        })
-        hidden = [
-            PlanRule(kind="train", participation_bound=None, sampling_probability=gamma),
-            PlanRule(
-                kind="eval", participation_bound=rule.participation_bound,
-                noise_scale=rule.step_sensitivity / rule.sensitivity,
-            ),
-        ]
-        return hidden, rule.step_sensitivity, details
+        def release(rules: list[ChargeRule], z: float | None) -> Release:
+            return Release(rules, z, plan.sensitivity, plan.participation_bound, plan.details)
 
-    def _release(self, plan: ReleasePlan) -> Release:
-        """Choose each release's DpEvent: calibrated Gaussian, fixed Gaussian, none, or no-op."""
-        cfg, ex = self.config, self.config.extractor
-        plan_rules, sensitivity, details = self._plan_rules(plan)
-        bound = plan_rules[0].participation_bound
-        if ex.name == "mlp":
-            return Release(_fixed_rules(plan_rules, lambda r: dpa.NoOpDpEvent()), None, 0.0, 0.0, 0, details)
+        if all(rule.mechanism == "no-op" for rule in plan.rules):
+            return release(_fixed_rules(plan.rules, lambda r: dpa.NoOpDpEvent()), None)
         if math.isinf(cfg.privacy.epsilon):
-            rules = _fixed_rules(plan_rules, lambda r: dpa.NonPrivateDpEvent())
-            return Release(rules, None, 0.0, sensitivity, bound, details)
-        if ex.noise_multiplier is not None:
-            z = ex.noise_multiplier
-            rules = _fixed_rules(plan_rules, lambda r: r.event(z))
-        else:
+            return release(_fixed_rules(
+                plan.rules, lambda r: dpa.NonPrivateDpEvent() if r.mechanism == "gaussian" else dpa.NoOpDpEvent()
+            ), None)
+        z = cfg.extractor.noise_multiplier
+        if z is None:
             self.report(ProgressEvent("setup", message="calibrating the noise to the budget"))
             reply = self.accountant.calibrate(
-                plan.passes(cfg.epochs), plan_rules, cfg.privacy.epsilon, self.delta,
+                plan.passes(cfg.epochs, roots), plan.rules, cfg.privacy.epsilon, self.delta,
                 cfg.privacy.accounting, cfg.privacy.accountant,
             )
             z = reply.noise_multiplier
-            rules = _fixed_rules(plan_rules, lambda r: r.event(z))
-        return Release(rules, z, z * sensitivity, sensitivity, bound, details)
+        return release(_fixed_rules(plan.rules, lambda r: r.event(z)), z)
 
-    def _check_plan_fits(self, plan: ReleasePlan, release: Release) -> None:
+    def _check_plan_fits(self, roots: RootPlan, plan: ChargePlan, release: Release) -> None:
         """Refuse, before anything is sent, a run whose planned releases exceed the budget."""
         privacy = self.config.privacy
         estimate = self.accountant.estimate(
-            release.rules, plan.passes(self.config.epochs), self.delta, privacy.accounting, privacy.accountant
+            release.rules, plan.passes(self.config.epochs, roots), self.delta, privacy.accounting, privacy.accountant
         )
         if estimate.epsilon > privacy.epsilon:
+            z = "none" if release.noise_multiplier is None else f"{release.noise_multiplier:g}"
             raise BudgetRefused(
                 f"the planned run ({estimate.counted_releases} counted releases at noise multiplier "
-                f"{release.noise_multiplier:g}) needs epsilon {estimate.epsilon:.4g}, above the budget "
-                f"{privacy.epsilon:g}; nothing was sent"
+                f"{z}) needs epsilon {estimate.epsilon:.4g}, above the budget {privacy.epsilon:g}; nothing was sent"
             )
 
-    def _create_run(self, plan: ReleasePlan, release: Release, split: str) -> None:
+    def _create_run(self, roots: RootPlan, plan: ChargePlan, release: Release, split: str, extractor: Extractor) -> None:
         cfg, ex = self.config, self.config.extractor
         details = {
             "dataset": cfg.dataset,
             "split": split,
+            "privacy_unit": extractor.spec.privacy_unit,
+            "cost_model": extractor.spec.cost_model,
             "layers": ex.layers,
+            "output_layers": extractor.output_layers,
             "fanout": ex.fanout,
             "degree_bound": ex.degree_bound,
             "d_min": ex.d_min,
             "dim": ex.dim,
+            "params": ex.params,
             "sensitivity": release.sensitivity,
             "noise_multiplier": release.noise_multiplier,
             "noise_std": release.noise_std,
             "edge_sample_rate": cfg.privacy.edge_sample_rate,
             "epochs": cfg.epochs,
             "batch_size": cfg.batch_size,
-            "train_nodes": plan.train_ids.numel(),
-            "steps_per_epoch": plan.steps_per_epoch,
-            "eval_chunks": plan.eval_chunks,
+            "train_nodes": roots.train_ids.numel(),
+            "steps_per_epoch": roots.steps_per_epoch,
+            "eval_chunks": roots.eval_chunks,
+            "one_shot_releases": plan.one_shot_releases,
+            "stages": [{"name": s.name, "epochs": s.epochs, "layers": s.layers} for s in plan.stages],
             **release.details,
         }
         note = ""
@@ -381,79 +380,92 @@ class GraphPartyRun:
             )
         self.accountant.create_run(
             self.run_id, cfg.privacy.epsilon, self.delta, release.rules, ex.name, cfg.privacy.accounting,
-            cfg.privacy.accountant, details, note,
+            cfg.privacy.accountant, details, note, privacy_unit=extractor.spec.privacy_unit,
         )
 
-    def _build_model(self) -> tuple[PmpExtractor, torch.optim.Optimizer]:
-        ex = self.config.extractor
-        capped = self._capped_degree(self.graph)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.config.seed)
-            model = PmpExtractor(ex, self.data.features.shape[1], capped).to(self.device)
-        return model, build_optimizer(self.config.optimizer, model.parameters())
-
-    def _capped_degree(self, graph: Graph) -> torch.Tensor:
-        """d̂ = min(degree, D) of the graph a release reads (GCN's coefficients)."""
-        return graph.degree.clamp(max=self.fanout) if self.fanout else graph.degree
-
     # -- releases ----------------------------------------------------------------------------
-    def _charged_release(
-        self, model: PmpExtractor, roots: torch.Tensor, release: Release, pass_id: str, kind: str, index: int
-    ) -> torch.Tensor:
-        """The only way A makes a tensor for B: PMP over the roots' subgraphs, then the
-        write-ahead charge. The caller sends it only after this returns."""
-        roots_on_device = roots.to(self.device)
-        sampler, capped_degree = self.sampler, None
-        if self.edge_subsampler is not None:
-            # this release reads a fresh secret Poisson sample of the edges (party_a.edge_sampling)
-            graph = self.edge_subsampler.sample(self.sampling_generator)
-            sampler = NeighbourSampler(graph, self.fanout, self.config.extractor.layers)
-            capped_degree = self._capped_degree(graph)
-        if sampler is None:
-            subgraph = edgeless_subgraph(roots_on_device, self.config.extractor.layers)
-        else:
-            subgraph = sampler.sample(roots_on_device, sampler.layer_seeds(self.sampling_generator))
-        embeddings = model(subgraph, self.data.features, release.noise_std, self.noise_generator, capped_degree)
+    def charge(self, roots: torch.Tensor, release: Release, pass_id: str, kind: str, index: int) -> None:
+        """The write-ahead charge: returns only once the accountant has committed it."""
         receipt = self.accountant.charge(
             self.run_id, f"{pass_id}/{index}", pass_id, kind, roots.numel(), nodes_digest(roots),
             release.event_json(kind),
         )
         self.epsilon_spent = receipt.epsilon_spent
+
+    def _charged_release(
+        self, make: Callable[[torch.Tensor], torch.Tensor], roots: torch.Tensor, release: Release,
+        pass_id: str, kind: str, index: int,
+    ) -> torch.Tensor:
+        """The only way A makes a tensor for B: the extractor's release, then the charge.
+        The caller sends it only after this returns."""
+        embeddings = make(roots.to(self.device))
+        self.charge(roots, release, pass_id, kind, index)
         return embeddings
 
-    def _train(self, plan: ReleasePlan, release: Release, model: PmpExtractor, optimizer: torch.optim.Optimizer) -> None:
+    def _train_epochs(
+        self, session_id: str, roots: RootPlan, release: Release, make: Callable[[torch.Tensor], torch.Tensor],
+        optimizer: torch.optim.Optimizer | None, epochs: int, layers: int, pass_prefix: str, label: str,
+    ) -> None:
+        """``epochs`` passes over the train roots on B's session ``session_id``."""
         cfg = self.config
         root_order = torch.Generator().manual_seed(cfg.seed)
-        total = plan.steps_per_epoch * cfg.epochs
-        shape_tail = (cfg.extractor.dim, cfg.extractor.layers)
+        total = roots.steps_per_epoch * epochs
+        shape_tail = (cfg.extractor.dim, layers)
         stream = self.label_party.training()
+        step = 0
         try:
-            model.train()
-            for epoch in range(cfg.epochs):
-                order = plan.train_ids[torch.randperm(plan.train_ids.numel(), generator=root_order)]
+            for epoch in range(epochs):
+                order = roots.train_ids[torch.randperm(roots.train_ids.numel(), generator=root_order)]
                 for index, batch in enumerate(order.split(cfg.batch_size)):
                     if self.cancelled():
                         raise Cancelled()
-                    embeddings = self._charged_release(model, batch, release, f"train-{epoch}", "train", index)
+                    embeddings = self._charged_release(make, batch, release, f"{pass_prefix}-{epoch}", "train", index)
                     reply = stream.exchange(lp_pb.TrainStep(
-                        run_id=self.run_id, step=self.steps_done, node_ids=batch.tolist(),
+                        run_id=session_id, step=step, node_ids=batch.tolist(),
                         embeddings=encode_tensor(embeddings, cfg.wire_dtype),
                     ))
-                    gradient = self._check_reply(reply, (batch.numel(), *shape_tail))
-                    optimizer.zero_grad(set_to_none=True)
-                    embeddings.backward(gradient.to(self.device))
-                    optimizer.step()
+                    gradient = self._check_reply(reply, session_id, step, (batch.numel(), *shape_tail))
+                    if optimizer is not None and embeddings.requires_grad:
+                        optimizer.zero_grad(set_to_none=True)
+                        embeddings.backward(gradient.to(self.device))
+                        optimizer.step()
+                    step += 1
                     self.steps_done += 1
                     self.report(ProgressEvent(
-                        "train", epoch + 1, cfg.epochs, self.steps_done, total, reply.loss, self.epsilon_spent
+                        "train", epoch + 1, epochs, step, total, reply.loss, self.epsilon_spent, label,
                     ))
         finally:
             stream.close()
 
-    def _check_reply(self, reply: lp_pb.TrainStepReply, shape: tuple[int, ...]) -> torch.Tensor:
-        if reply.run_id != self.run_id or reply.step != self.steps_done:
+    def train_stage(
+        self, roots: RootPlan, release: Release, stage: Stage, make: Callable[[torch.Tensor], torch.Tensor],
+        parameters: list[nn.Parameter],
+    ) -> None:
+        """An extractor's edge-free stage, trained with B in a session of its own."""
+        session_id = f"{self.run_id}.{stage.name}"
+        self._setup_label_party(session_id, stage.layers)
+        status, reason = "failed", "stage did not finish"
+        try:
+            optimizer = build_optimizer(self.config.optimizer, parameters) if parameters else None
+            self._train_epochs(
+                session_id, roots, release, make, optimizer, stage.epochs, stage.layers,
+                f"{stage.name}", f"{stage.name} epoch",
+            )
+            status, reason = "completed", "stage completed"
+        finally:
+            self.label_party.finish(session_id, status, reason)
+
+    def _train(self, roots: RootPlan, release: Release, extractor: Extractor, optimizer: torch.optim.Optimizer | None) -> None:
+        extractor.train()
+        self._train_epochs(
+            self.run_id, roots, release, lambda batch: extractor.release(batch, "train"), optimizer,
+            self.config.epochs, extractor.output_layers, "train", "",
+        )
+
+    def _check_reply(self, reply: lp_pb.TrainStepReply, session_id: str, step: int, shape: tuple[int, ...]) -> torch.Tensor:
+        if reply.run_id != session_id or reply.step != step:
             raise PeerError(
-                f"party B answered run {reply.run_id!r} step {reply.step} to run {self.run_id!r} step {self.steps_done}"
+                f"party B answered run {reply.run_id!r} step {reply.step} to run {session_id!r} step {step}"
             )
         if not math.isfinite(reply.loss):
             raise PeerError(f"party B reported a non-finite loss at step {reply.step}")
@@ -466,18 +478,20 @@ class GraphPartyRun:
             raise PeerError(f"party B sent an unusable gradient at step {reply.step}: {exc}") from None
 
     @torch.no_grad()
-    def _evaluate(self, plan: ReleasePlan, release: Release, model: PmpExtractor) -> dict[str, Metric]:
+    def _evaluate(self, roots: RootPlan, release: Release, extractor: Extractor) -> dict[str, Metric]:
         cfg = self.config
-        model.eval()
+        extractor.train(False)
         stream = self.label_party.evaluation()
         try:
             index = 0
-            for split, ids in (("val", plan.val_ids), ("test", plan.test_ids)):
+            for split, ids in (("val", roots.val_ids), ("test", roots.test_ids)):
                 for chunk in ids.split(cfg.eval_chunk):
                     if self.cancelled():
                         raise Cancelled()
                     self.report(ProgressEvent("eval", message=f"evaluating {split}", epsilon_spent=self.epsilon_spent))
-                    embeddings = self._charged_release(model, chunk, release, "eval-0", "eval", index)
+                    embeddings = self._charged_release(
+                        lambda nodes: extractor.release(nodes, "eval"), chunk, release, "eval-0", "eval", index
+                    )
                     index += 1
                     stream.send(lp_pb.EvalChunk(
                         run_id=self.run_id, eval_id=0, split=split, node_ids=chunk.tolist(),
@@ -495,9 +509,13 @@ class GraphPartyRun:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def _save(self, model: PmpExtractor, optimizer: torch.optim.Optimizer) -> None:
+    def _save(self, extractor: Extractor, optimizer: torch.optim.Optimizer | None) -> None:
         torch.save(
-            {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "config": self.config.model_dump(mode="json")},
+            {
+                "extractor": extractor.state_dict(),
+                "optimizer": None if optimizer is None else optimizer.state_dict(),
+                "config": self.config.model_dump(mode="json"),
+            },
             self._run_dir() / "extractor.pt",
         )
 

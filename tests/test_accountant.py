@@ -141,7 +141,7 @@ def test_concurrent_charges_are_serialised(accountant: Accountant) -> None:
         ("", "train-0", "train", GAUSS, "INVALID_ARGUMENT", "release key"),
         ("k", "train-0", "train", EVAL, "INVALID_ARGUMENT", "differs from the one declared"),
         ("k", "train-0", "train", "{bad json", "INVALID_ARGUMENT", "bad release event"),
-        ("k", "train-0", "other", GAUSS, "INVALID_ARGUMENT", "kind must be train or eval"),
+        ("k", "train-0", "other", GAUSS, "INVALID_ARGUMENT", "kind must be one of train, eval, one-shot"),
         ("k", "train-0", "eval", EVAL, "INVALID_ARGUMENT", "holds train releases"),
         ("k", "", "train", GAUSS, "INVALID_ARGUMENT", "pass id"),
     ],

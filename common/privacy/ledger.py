@@ -1,6 +1,6 @@
 """Ledger records and the rule that turns them into ε.
 
-A run declares, per kind of release (``train``, ``eval``), one per-release DpEvent and
+A run declares, per kind of release (``train``, ``eval``, ``one-shot``), one per-release DpEvent and
 a participation bound N_e. Releases are grouped into passes (one training epoch, one
 evaluation sweep), and within a pass a node is a root at most once, so a single edge
 can influence at most N_e releases of a pass (docs/privacy.md, section 4). The first
@@ -34,10 +34,10 @@ from vesper.common.privacy.events import EventError, event_from_json
 from vesper.common.privacy.theorem21 import hidden_batch_bound6_epsilon
 
 RunState = Literal["active", "completed", "failed", "refused", "cancelled"]
-Kind = Literal["train", "eval"]
+Kind = Literal["train", "eval", "one-shot"]
 AccountingMode = Literal["visible-batch", "hidden-batch"]
 AccountantName = Literal["pld", "rdp"]
-KINDS: tuple[Kind, ...] = ("train", "eval")
+KINDS: tuple[Kind, ...] = ("train", "eval", "one-shot")
 
 
 class _Record(BaseModel):
@@ -86,8 +86,13 @@ class PlanRule(_Record):
     participation_bound: int | None = Field(ge=0)
     sampling_probability: float = Field(1.0, gt=0.0, le=1.0)
     noise_scale: float = Field(1.0, gt=0.0)
+    mechanism: Literal["gaussian", "no-op"] = Field(
+        "gaussian", description="gaussian: Gaussian(noise_scale·z); no-op: post-processing of charged releases"
+    )
 
     def event(self, z: float) -> dpa.DpEvent:
+        if self.mechanism == "no-op":
+            return dpa.NoOpDpEvent()
         gaussian = dpa.GaussianDpEvent(self.noise_scale * z)
         if self.sampling_probability >= 1.0:
             return gaussian
@@ -192,6 +197,8 @@ def check_hidden_batch_events(events: Mapping[str, dpa.DpEvent]) -> None:
     evaluation = events.get("eval", dpa.NoOpDpEvent())
     if not isinstance(evaluation, (dpa.NoOpDpEvent, dpa.NonPrivateDpEvent, dpa.GaussianDpEvent)):
         raise ValueError("hidden-batch evaluation releases must be Gaussian events (nothing hides them)")
+    if "one-shot" in events:
+        raise ValueError("hidden-batch covers per-step extractors only: bound (6) has no term for one-shot releases")
 
 
 def bound6_epsilon(events: Mapping[str, dpa.DpEvent], counted: Mapping[str, int], delta: float) -> tuple[float, int | None]:

@@ -31,7 +31,10 @@ def rules_from_proto(messages: Iterable[pb.ChargeRule]) -> list[ChargeRule]:
 
 
 def plan_rule_to_proto(rule: PlanRule) -> pb.PlanRule:
-    message = pb.PlanRule(kind=rule.kind, sampling_probability=rule.sampling_probability, noise_scale=rule.noise_scale)
+    message = pb.PlanRule(
+        kind=rule.kind, sampling_probability=rule.sampling_probability, noise_scale=rule.noise_scale,
+        mechanism=rule.mechanism,
+    )
     if rule.participation_bound is not None:
         message.participation_bound = rule.participation_bound
     return message
@@ -43,6 +46,7 @@ def plan_rules_from_proto(messages: Iterable[pb.PlanRule]) -> list[PlanRule]:
         PlanRule(
             kind=m.kind, participation_bound=_optional(m, "participation_bound"),
             sampling_probability=m.sampling_probability or 1.0, noise_scale=m.noise_scale or 1.0,
+            mechanism=m.mechanism or "gaussian",
         )
         for m in messages
     ]

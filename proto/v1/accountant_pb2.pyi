@@ -15,16 +15,18 @@ class PlannedPass(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., releases: _Optional[int] = ...) -> None: ...
 
 class PlanRule(_message.Message):
-    __slots__ = ("kind", "participation_bound", "sampling_probability", "noise_scale")
+    __slots__ = ("kind", "participation_bound", "sampling_probability", "noise_scale", "mechanism")
     KIND_FIELD_NUMBER: _ClassVar[int]
     PARTICIPATION_BOUND_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
     NOISE_SCALE_FIELD_NUMBER: _ClassVar[int]
+    MECHANISM_FIELD_NUMBER: _ClassVar[int]
     kind: str
     participation_bound: int
     sampling_probability: float
     noise_scale: float
-    def __init__(self, kind: _Optional[str] = ..., participation_bound: _Optional[int] = ..., sampling_probability: _Optional[float] = ..., noise_scale: _Optional[float] = ...) -> None: ...
+    mechanism: str
+    def __init__(self, kind: _Optional[str] = ..., participation_bound: _Optional[int] = ..., sampling_probability: _Optional[float] = ..., noise_scale: _Optional[float] = ..., mechanism: _Optional[str] = ...) -> None: ...
 
 class ReleasePlan(_message.Message):
     __slots__ = ("passes", "rules")

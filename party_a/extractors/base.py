@@ -1,0 +1,233 @@
+"""The extractor plugin interface: everything party A's trainer needs from a method.
+
+An extractor turns A's graph and features into the B x d x L' tensors A sends to B,
+and says, as data, what each release costs. The trainer owns everything else: the
+split, calibration of the noise multiplier z, write-ahead charging, the gRPC streams,
+checkpoints and summaries. A run goes through an extractor in this order::
+
+    ex = Extractor(setup)              # graph, features, config, A's secret generators
+    ex.output_layers                   # L' of every release (B builds its decoder for it)
+    plan = ex.charge_plan(roots)       # DpEvent of each kind of release, as PlanRules of z
+    ex.bind(z)                         # the calibrated z (None: no noise is ever added)
+    ex.prepare(session)                # optional stages before training: edge-free
+                                       # pre-training with B, one-shot releases (charged
+                                       # through the session before any use)
+    ex.release(roots, "train")         # per step; the trainer charges, then sends
+    ex.release(roots, "eval")          # per evaluation chunk; likewise
+
+Kinds of release (ledger rows, one PlanRule each):
+
+* ``train`` / ``eval``: what the trainer sends per step or evaluation chunk. A
+  per-step method (PMP, VFGNN) pays here; a one-shot method sends rows of data it has
+  already paid for, so its rule is ``mechanism="no-op"`` (post-processing).
+* ``one-shot``: releases made once before training (GAP's K noisy hops, DPAR's private
+  top-K neighbourhoods), charged through :meth:`PrepareSession.charge_one_shot`
+  before the released data is used for anything that reaches B.
+
+A method is registered under the entry-point group ``vesper.extractors``; the entry
+point names a class implementing :class:`Extractor` (usually a subclass of
+:class:`ExtractorBase`). See docs/extractors/README.md for how to write one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import nn
+
+from vesper.common.config import RunConfig
+from vesper.common.privacy.ledger import PlannedPass, PlanRule
+from vesper.party_a.graph_store import Graph
+
+PrivacyUnit = Literal["edge", "node"]
+CostModel = Literal["none", "per-step", "one-shot", "one-shot + per-step"]
+ReleaseKind = Literal["train", "eval"]
+
+
+class NoParams(BaseModel):
+    """An extractor without method-specific hyper-parameters."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ExtractorSpec(BaseModel):
+    """What ``vesper extractors`` lists, and what A checks a run's config against."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    name: str
+    privacy_unit: PrivacyUnit
+    cost_model: CostModel
+    summary: str
+    params: type[BaseModel] = NoParams  # extractor.params, validated by this model
+    uses: tuple[str, ...] = ()  # which shared extractor.* fields it reads (layers, dim, fanout, ...)
+    accountings: tuple[str, ...] = ("visible-batch",)
+    edge_sampling: bool = False  # whether privacy.edge_sample_rate is supported
+    docs: str = ""  # path of its docs page, relative to the repository
+
+
+@dataclass(frozen=True)
+class RootPlan:
+    """The roots B allows, and how many releases of each pass the run will make."""
+
+    train_ids: torch.Tensor
+    val_ids: torch.Tensor
+    test_ids: torch.Tensor
+    steps_per_epoch: int
+    eval_chunks: int
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Edge-free training with B before the main training (e.g. GAP's encoder).
+
+    Its releases are sent in a separate B session of ``layers`` slices and charged as
+    ``train`` releases (so the train rule must be no-op for an extractor with stages).
+    """
+
+    name: str
+    epochs: int
+    layers: int
+
+
+@dataclass(frozen=True)
+class ChargePlan:
+    """What each kind of release costs, as a function of the run's z."""
+
+    rules: list[PlanRule]  # one per kind: train and eval always, one-shot if any
+    sensitivity: float  # the S that reported θ = z · S refers to (0 when nothing is noised)
+    one_shot_releases: int = 0  # releases of the single one-shot pass
+    stages: tuple[Stage, ...] = ()
+    participation_bound: int | None = None  # N_e of the train rule, for the summary
+    details: dict[str, Any] = field(default_factory=dict)  # recorded with the run
+
+    def passes(self, epochs: int, roots: RootPlan) -> list[PlannedPass]:
+        """Every pass the run will make, in order: what calibration must cover."""
+        passes: list[PlannedPass] = []
+        if self.one_shot_releases:
+            passes.append(PlannedPass(kind="one-shot", releases=self.one_shot_releases))
+        for stage in self.stages:
+            passes += [PlannedPass(kind="train", releases=roots.steps_per_epoch)] * stage.epochs
+        passes += [PlannedPass(kind="train", releases=roots.steps_per_epoch)] * epochs
+        passes.append(PlannedPass(kind="eval", releases=roots.eval_chunks))
+        return passes
+
+
+@dataclass(frozen=True)
+class ExtractorSetup:
+    """What party A hands an extractor when a run starts."""
+
+    config: RunConfig
+    params: BaseModel  # config.extractor.params validated by the spec's model
+    graph: Graph  # A's whole graph, on ``device``
+    features: torch.Tensor  # [N, F] on ``device``
+    device: torch.device
+    sampling_generator: torch.Generator  # CPU; secret from B
+    noise_generator: torch.Generator  # on ``device``; secret from B
+    delta: float
+
+
+class PrepareSession(Protocol):
+    """What :meth:`Extractor.prepare` may do; provided by the trainer."""
+
+    roots: RootPlan
+
+    def charge_one_shot(self, index: int, node_ids: torch.Tensor) -> None:
+        """Write-ahead charge of one-shot release ``index`` (0-based) about ``node_ids``.
+
+        Raises the trainer's BudgetRefused when the budget cannot cover it; the
+        extractor must then not use what it computed.
+        """
+
+    def train_stage(
+        self,
+        stage: Stage,
+        release: Callable[[torch.Tensor], torch.Tensor],
+        parameters: Iterable[nn.Parameter],
+    ) -> None:
+        """Train ``parameters`` with B for ``stage.epochs`` epochs over the train roots.
+
+        ``release(roots)`` must return B x d x stage.layers with gradient and read no
+        edges; every release is charged (train kind) before it is sent.
+        """
+
+    def progress(self, message: str) -> None:
+        """A line for the coordinator's progress display."""
+
+
+@runtime_checkable
+class Extractor(Protocol):
+    spec: ClassVar[ExtractorSpec]
+
+    def __init__(self, setup: ExtractorSetup) -> None: ...
+
+    @property
+    def output_layers(self) -> int:
+        """L' of every train/eval release, which is B x d x L'."""
+
+    def charge_plan(self, roots: RootPlan) -> ChargePlan: ...
+
+    def bind(self, noise_multiplier: float | None) -> None:
+        """Fix z for the whole run (None: ε = ∞ or nothing to noise)."""
+
+    def prepare(self, session: PrepareSession) -> None: ...
+
+    def release(self, roots: torch.Tensor, kind: ReleaseKind) -> torch.Tensor:
+        """B x d x L' for ``roots`` (on A's device). With gradient iff trainable."""
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """What B's gradients update (empty: nothing; B's gradient is then discarded)."""
+
+    def train(self, mode: bool = True) -> Any: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+
+class ExtractorBase(nn.Module):
+    """Defaults for the optional parts of :class:`Extractor`.
+
+    Subclasses set ``spec`` and implement ``charge_plan`` and ``release``; they are
+    nn.Modules, so parameters, train/eval mode and state_dict come for free.
+    """
+
+    spec: ClassVar[ExtractorSpec]
+
+    def __init__(self, setup: ExtractorSetup) -> None:
+        super().__init__()
+        self.setup = setup
+        self.noise_multiplier: float | None = None
+
+    @property
+    def output_layers(self) -> int:
+        return self.setup.config.extractor.layers
+
+    def charge_plan(self, roots: RootPlan) -> ChargePlan:
+        raise NotImplementedError
+
+    def bind(self, noise_multiplier: float | None) -> None:
+        self.noise_multiplier = noise_multiplier
+
+    def prepare(self, session: PrepareSession) -> None:
+        return None
+
+    def release(self, roots: torch.Tensor, kind: ReleaseKind) -> torch.Tensor:
+        raise NotImplementedError
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def gaussian_noise(self, shape: torch.Size | tuple[int, ...], std: float) -> torch.Tensor:
+        """N(0, std² I) from A's secret noise generator, on A's device."""
+        return std * torch.randn(
+            tuple(shape), generator=self.setup.noise_generator, device=self.setup.device,
+            dtype=self.setup.features.dtype,
+        )
+
+
+def post_processing_rules(kinds: Iterable[str] = ("train", "eval")) -> list[PlanRule]:
+    """Rules for kinds whose releases are post-processing of what was already charged."""
+    return [PlanRule(kind=kind, participation_bound=None, mechanism="no-op") for kind in kinds]

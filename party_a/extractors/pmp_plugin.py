@@ -1,0 +1,156 @@
+"""VESPER's per-step extractors as plugins: MLP, PMP-GIN and truncated PMP-GCN.
+
+Each training step and evaluation chunk is one release: PMP over the roots' sampled
+subgraphs (party_a.extractors.pmp) with noise θ = z · S, charged by the rule of
+party_a.extractors.sensitivity (docs/privacy.md, sections 3-5). The graph the
+releases read is A's graph, optionally projected to degree D (degree_projection) and,
+per release, Poisson-subsampled at rate q (edge_sampling).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from vesper.common.privacy.ledger import PlanRule
+from vesper.common.privacy.theorem21 import theorem21_gamma
+from vesper.party_a.degree_projection import project_degree
+from vesper.party_a.edge_sampling import EdgeSubsampler
+from vesper.party_a.extractors.base import (
+    ChargePlan,
+    ExtractorBase,
+    ExtractorSetup,
+    ExtractorSpec,
+    ReleaseKind,
+    RootPlan,
+)
+from vesper.party_a.extractors.pmp import PmpExtractor
+from vesper.party_a.extractors.sensitivity import charge_rule
+from vesper.party_a.graph_store import Graph
+from vesper.party_a.sampler import NeighbourSampler, edgeless_subgraph
+
+_SHARED = ("layers", "dim", "encoder_hidden", "dropout", "spectral_norm", "noise_multiplier")
+_GRAPH = ("fanout", "degree_bound")
+
+
+class _PmpPlugin(ExtractorBase):
+    """Per-step release: every step's B x d x L is PMP over the batch's subgraphs."""
+
+    def __init__(self, setup: ExtractorSetup) -> None:
+        super().__init__(setup)
+        ex = setup.config.extractor
+        self.graph = setup.graph
+        self.aggregates = self.spec.name != "mlp"
+        if self.aggregates and ex.degree_bound > 0:
+            # the stable degree-D projection, under a seed only A knows (docs/privacy.md, 3.5)
+            seed = torch.randint(0, 1 << 32, (2,), generator=setup.sampling_generator, dtype=torch.int64).tolist()
+            self.graph = project_degree(setup.graph, ex.degree_bound, (seed[0], seed[1]))
+        self.fanout = 0 if ex.degree_bound > 0 else ex.fanout  # a projection is read whole
+        self.sampler = NeighbourSampler(self.graph, self.fanout, ex.layers) if self.aggregates else None
+        rate = setup.config.privacy.edge_sample_rate
+        self.edge_subsampler = EdgeSubsampler(self.graph, rate) if rate and self.aggregates else None
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(setup.config.seed)
+            self.model = PmpExtractor(
+                ex.model_copy(update={"name": self.spec.name}), setup.features.shape[1],
+                self.capped_degree(self.graph) if self.aggregates else None,
+            ).to(setup.device)
+        self.noise_std = 0.0
+        self.sensitivity = 0.0
+
+    def capped_degree(self, graph: Graph) -> torch.Tensor:
+        """d̂ = min(degree, D) of the graph a release reads (GCN's coefficients)."""
+        return graph.degree.clamp(max=self.fanout) if self.fanout else graph.degree
+
+    # -- what it costs ----------------------------------------------------------------------
+    def charge_plan(self, roots: RootPlan) -> ChargePlan:
+        """Each kind's charge as a function of z, and the sensitivity θ = z · S refers to.
+
+        visible-batch: both kinds are charged the extractor's rule (docs/privacy.md,
+        section 4). hidden-batch: training steps are PoissonSampled(γ, Gaussian(θ/S_step))
+        with γ of VESPER Theorem 2.1, every step counted; the evaluation sweep has no
+        sampling to hide behind and is charged as under visible-batch.
+        """
+        cfg, ex = self.setup.config, self.setup.config.extractor
+        if not self.aggregates:
+            rules = [PlanRule(kind=k, participation_bound=0, mechanism="no-op") for k in ("train", "eval")]
+            return ChargePlan(rules, 0.0, participation_bound=0, details={"sensitivity_form": "none"})
+        rule = charge_rule(self.spec.name, ex.layers, self.fanout, ex.d_min, ex.degree_bound)
+        details = {"sensitivity_form": rule.form, "derivation": rule.derivation}
+        q = cfg.privacy.edge_sample_rate
+        if q is not None:
+            # releases with independent coins: the per-step form (docs/privacy.md, 5.2, eq. L2)
+            details.update({"sensitivity_form": "per-step", "edge_sample_rate": q})
+            rules = [
+                PlanRule(kind=kind, participation_bound=rule.edge_reach, sampling_probability=q)
+                for kind in ("train", "eval")
+            ]
+            self.sensitivity = rule.step_sensitivity
+            return ChargePlan(rules, rule.step_sensitivity, participation_bound=rule.edge_reach, details=details)
+        if cfg.privacy.accounting == "visible-batch":
+            rules = [PlanRule(kind=kind, participation_bound=rule.participation_bound) for kind in ("train", "eval")]
+            self.sensitivity = rule.sensitivity
+            return ChargePlan(rules, rule.sensitivity, participation_bound=rule.participation_bound, details=details)
+        degree = ex.degree_bound or ex.fanout
+        train_nodes = roots.train_ids.numel()
+        gamma = theorem21_gamma(train_nodes, min(cfg.batch_size, train_nodes), degree, ex.layers)
+        details.update({
+            "gamma": gamma, "gamma_degree": degree, "step_sensitivity": rule.step_sensitivity,
+            "sensitivity_form": "per-step", "eval_sensitivity_form": rule.form,
+        })
+        rules = [
+            PlanRule(kind="train", participation_bound=None, sampling_probability=gamma),
+            PlanRule(
+                kind="eval", participation_bound=rule.participation_bound,
+                noise_scale=rule.step_sensitivity / rule.sensitivity,
+            ),
+        ]
+        self.sensitivity = rule.step_sensitivity
+        return ChargePlan(rules, rule.step_sensitivity, participation_bound=rule.participation_bound, details=details)
+
+    def bind(self, noise_multiplier: float | None) -> None:
+        super().bind(noise_multiplier)
+        self.noise_std = 0.0 if noise_multiplier is None else noise_multiplier * self.sensitivity
+
+    # -- what it releases -------------------------------------------------------------------
+    def release(self, roots: torch.Tensor, kind: ReleaseKind) -> torch.Tensor:
+        """PMP over the roots' subgraphs (Algorithm 1): the pre-charge B x d x L."""
+        layers = self.setup.config.extractor.layers
+        sampler, capped_degree = self.sampler, None
+        if self.edge_subsampler is not None:
+            # this release reads a fresh secret Poisson sample of the edges (party_a.edge_sampling)
+            graph = self.edge_subsampler.sample(self.setup.sampling_generator)
+            sampler = NeighbourSampler(graph, self.fanout, layers)
+            capped_degree = self.capped_degree(graph)
+        if sampler is None:
+            subgraph = edgeless_subgraph(roots, layers)
+        else:
+            subgraph = sampler.sample(roots, sampler.layer_seeds(self.setup.sampling_generator))
+        return self.model(subgraph, self.setup.features, self.noise_std, self.setup.noise_generator, capped_degree)
+
+
+class MlpPlugin(_PmpPlugin):
+    spec: ClassVar[ExtractorSpec] = ExtractorSpec(
+        name="mlp", privacy_unit="edge", cost_model="none",
+        summary="encoder and L edge-free layers; reads no edges, so spends nothing (the baseline)",
+        uses=_SHARED, accountings=("visible-batch", "hidden-batch"), docs="docs/extractors/pmp.md",
+    )
+
+
+class PmpGinPlugin(_PmpPlugin):
+    spec: ClassVar[ExtractorSpec] = ExtractorSpec(
+        name="pmp-gin", privacy_unit="edge", cost_model="per-step",
+        summary="VESPER perturbed message passing, GIN sum aggregation; noise on every step's aggregates",
+        uses=_SHARED + _GRAPH, accountings=("visible-batch", "hidden-batch"), edge_sampling=True,
+        docs="docs/extractors/pmp.md",
+    )
+
+
+class PmpGcnPlugin(_PmpPlugin):
+    spec: ClassVar[ExtractorSpec] = ExtractorSpec(
+        name="pmp-gcn", privacy_unit="edge", cost_model="per-step",
+        summary="VESPER perturbed message passing, truncated GCN (D_min); noise on every step's aggregates",
+        uses=_SHARED + _GRAPH + ("d_min",), accountings=("visible-batch", "hidden-batch"), edge_sampling=True,
+        docs="docs/extractors/pmp.md",
+    )

@@ -1,0 +1,104 @@
+"""Extractors installed on this machine, found through the ``vesper.extractors`` entry points.
+
+A third party adds a method by installing a package that declares, in its
+pyproject.toml::
+
+    [project.entry-points."vesper.extractors"]
+    my-method = "my_package.module:MyExtractor"
+
+The entry point's name must equal ``MyExtractor.spec.name``. Nothing is imported until
+a method is asked for, and a plugin that fails to import is reported, not fatal to the
+others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
+
+from pydantic import BaseModel, ValidationError
+
+from vesper.common.config import RunConfig
+from vesper.party_a.extractors.base import Extractor, ExtractorSpec
+
+GROUP = "vesper.extractors"
+
+
+class ExtractorNotFound(ValueError):
+    """The run names an extractor this party A does not have, or one that cannot load."""
+
+
+@dataclass(frozen=True)
+class Installed:
+    name: str
+    source: str  # "module:attr" of the entry point
+    distribution: str
+    extractor: type[Extractor] | None
+    error: str = ""
+
+
+def _entry_points() -> dict[str, EntryPoint]:
+    found: dict[str, EntryPoint] = {}
+    for point in entry_points(group=GROUP):
+        found.setdefault(point.name, point)  # first on sys.path wins, as for imports
+    return found
+
+
+def _load(point: EntryPoint) -> Installed:
+    distribution = point.dist.name if point.dist is not None else "?"
+    try:
+        cls = point.load()
+    except Exception as exc:  # a broken third-party plugin must not hide the others
+        return Installed(point.name, point.value, distribution, None, f"cannot import: {exc!r}")
+    spec = getattr(cls, "spec", None)
+    if not isinstance(spec, ExtractorSpec):
+        return Installed(point.name, point.value, distribution, None, "has no ExtractorSpec `spec` attribute")
+    if spec.name != point.name:
+        return Installed(
+            point.name, point.value, distribution, None,
+            f"is registered as {point.name!r} but its spec says {spec.name!r}",
+        )
+    return Installed(point.name, point.value, distribution, cls)
+
+
+def installed() -> list[Installed]:
+    """Every registered extractor, loaded, sorted by name (broken ones carry their error)."""
+    return [_load(point) for _, point in sorted(_entry_points().items())]
+
+
+def lookup(name: str) -> type[Extractor]:
+    point = _entry_points().get(name)
+    if point is None:
+        known = ", ".join(sorted(_entry_points())) or "none"
+        raise ExtractorNotFound(f"unknown extractor {name!r}; installed on party A: {known}")
+    found = _load(point)
+    if found.extractor is None:
+        raise ExtractorNotFound(f"extractor {name!r} ({found.source}) {found.error}")
+    return found.extractor
+
+
+def validated_params(spec: ExtractorSpec, config: RunConfig) -> BaseModel:
+    """extractor.params checked against the method's model; refuses modes it does not support."""
+    privacy = config.privacy
+    if privacy.accounting not in spec.accountings:
+        raise ValueError(
+            f"extractor {spec.name} supports accounting {', '.join(spec.accountings)}, not {privacy.accounting}"
+        )
+    if privacy.edge_sample_rate is not None and not spec.edge_sampling:
+        raise ValueError(f"extractor {spec.name} does not support privacy.edge_sample_rate")
+    try:
+        return spec.params.model_validate(config.extractor.params)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"extractor.params.{'.'.join(str(p) for p in error['loc'])}: {error['msg']}" for error in exc.errors()
+        )
+        raise ValueError(f"bad parameters for extractor {spec.name}: {problems}") from None
+
+
+def describe_params(model: type[BaseModel]) -> list[tuple[str, str, str]]:
+    """(name, default, description) of each hyper-parameter, for ``vesper extractors``."""
+    rows = []
+    for name, info in model.model_fields.items():
+        default = "required" if info.is_required() else repr(info.get_default(call_default_factory=True))
+        rows.append((name, default, info.description or ""))
+    return rows
