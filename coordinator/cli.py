@@ -547,6 +547,58 @@ def bench_accounting(
     run_benchmark(steps)
 
 
+@bench_app.command("extractors")
+def bench_extractors(
+    dataset: list[str] = typer.Option(["cora"], "--dataset", help="A bundled name or an .npz path (repeat the flag)."),
+    extractor: Optional[list[str]] = typer.Option(
+        None, "--extractor", help="Extractors to compare (repeat; default mlp, pmp-gin, pmp-gcn, gap, vfgnn, dpar-edge)."
+    ),
+    seeds: int = typer.Option(5, "--seeds", help="Seeds per cell (0, 1, ...).", min=1),
+    epsilon: str = typer.Option("4", "--epsilon", help="The budget of every run; 'inf' = no noise."),
+    accounting: Accounting = typer.Option(Accounting.visible_batch, "--accounting", help="Accounting mode of every run."),
+    epochs: Optional[int] = typer.Option(None, "--epochs", help="Training epochs (default: the \\[run] section's, else 50).", min=1),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file whose \\[run] section every run starts from."),
+    out: Path = typer.Option(Path("bench/extractors"), "--out", help="Directory for results.csv, results.md and results.png."),
+    party_a: Optional[str] = typer.Option(
+        None, "--party-a", help="Use running services at this party A address instead of starting them on loopback."
+    ),
+) -> None:
+    """Extractors side by side at one ε (mean ± std over seeds), through the real services.
+
+    Resumable: cells already in OUT/results.csv are not run again.
+    """
+    from vesper.coordinator import extractor_table as table
+    from vesper.coordinator.processes import LocalCluster, ServiceStartError
+    from vesper.coordinator.run_client import RunClientError, drive_run
+
+    base = _run_config(_load(config), {
+        "privacy.epsilon": _epsilon(epsilon), "privacy.accounting": accounting, "epochs": epochs,
+    })
+    names = extractor or list(table.DEFAULT_EXTRACTORS)
+    command = " ".join(
+        ["vesper bench extractors", *(f"--dataset {d}" for d in dataset), *(f"--extractor {e}" for e in names),
+         f"--seeds {seeds}", f"--epsilon {epsilon}", f"--accounting {accounting.value}", f"--epochs {base.epochs}"]
+    )
+
+    def report(rows: list[table.TableRow]) -> None:
+        (out / "results.md").write_text(table.markdown(rows, base, seeds, command) + "\n")
+        table.plot(rows, out / "results.png")
+        console.print((out / "results.md").read_text(), highlight=False)
+        console.print(f"wrote {out / 'results.csv'}, {out / 'results.md'} and {out / 'results.png'}", highlight=False)
+
+    try:
+        if party_a is not None:
+            rows = table.run_table(base, dataset, names, seeds, out, lambda c: drive_run(party_a, c, console), console)
+        else:
+            with LocalCluster((out / "cluster").resolve()) as cluster:
+                rows = table.run_table(
+                    base, dataset, names, seeds, out, lambda c: drive_run(cluster.party_a_address, c, console), console
+                )
+    except (ServiceStartError, RunClientError) as exc:
+        _fail(str(exc), 1)
+    report(rows)
+
+
 data_app = typer.Typer(help="Data sets: make synthetic graphs.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 
