@@ -6,7 +6,8 @@ BIN := $(VENV)/bin
 TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench-accounting proto check-proto clean
+.PHONY: demo test bench-accounting bench-extractors proto check-proto clean
+TOLOKERS ?= ../shared/data/tolokers.npz
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +26,11 @@ test: $(STAMP)
 # a benchmark command, not a timed test: calibration time and peak memory per accountant
 bench-accounting: $(STAMP)
 	$(BIN)/vesper bench accounting --steps 1000 --steps 10000
+
+# the extractors side by side at epsilon 4, 5 seeds, Cora and Tolokers (resumable; see docs/extractors/)
+bench-extractors: $(STAMP)
+	$(BIN)/vesper bench extractors --dataset cora --dataset $(TOLOKERS) --epsilon 4 --seeds 5 \
+		--out docs/extractors/results
 
 proto: $(STAMP)
 	$(BIN)/python -m vesper.proto.generate
