@@ -273,6 +273,8 @@ class RunSummary(_Model):
     sensitivity: float | None = Field(None, description="of each counted release")
     sensitivity_form: str = Field("", description="per-pass or per-step (docs/privacy.md, section 4.3)")
     participation_bound: int | None = Field(None, description="counted releases per pass; null = every release")
+    cost_model: str = Field("", description="the extractor's: none, per-step, one-shot, one-shot + per-step")
+    one_shot_releases: int = Field(0, description="releases charged once before training (GAP's hops, DPAR's neighbourhoods)")
     split: str = ""
     status_url: str = ""
     baseline: RunSummary | None = None

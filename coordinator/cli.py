@@ -199,13 +199,20 @@ def print_summaries(summaries: list[RunSummary]) -> None:
     for s in summaries:
         if s.status != "completed":
             console.print(f"[bold]{s.run_id}[/] {s.status}: {s.message}", highlight=False)
-        if s.extractor == "mlp":
+        if s.cost_model == "none":
             noise = "reads no edges, so spends nothing"
+        elif s.noise_multiplier and s.cost_model == "one-shot":
+            noise = (
+                f"noise multiplier z {s.noise_multiplier:.4g} on {s.one_shot_releases} releases made once before "
+                "training; every training and evaluation release is post-processing of them"
+            )
         elif s.noise_multiplier:
             counted = "every release" if s.participation_bound is None else f"{s.participation_bound} per pass"
+            once = f"{s.one_shot_releases} releases once, then " if s.one_shot_releases else ""
+            form = f"{s.sensitivity_form} " if s.sensitivity_form else ""
             noise = (
-                f"noise std θ={s.noise_std:.4g} = z {s.noise_multiplier:.4g} × {s.sensitivity_form} sensitivity "
-                f"{s.sensitivity:.4g}; counted releases: {counted}"
+                f"noise std θ={s.noise_std:.4g} = z {s.noise_multiplier:.4g} × {form}sensitivity "
+                f"{s.sensitivity:.4g}; counted releases: {once}{counted}"
             )
         else:
             noise = "no noise"

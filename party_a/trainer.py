@@ -181,7 +181,10 @@ class GraphPartyRun:
         extractor: Extractor | None = None
         try:
             extractor = self._build_extractor()
-            summary = summary.model_copy(update={"delta": self.delta, "privacy_unit": extractor.spec.privacy_unit})
+            summary = summary.model_copy(update={
+                "delta": self.delta, "privacy_unit": extractor.spec.privacy_unit,
+                "cost_model": extractor.spec.cost_model,
+            })
             reply = self._setup_label_party(self.run_id, extractor.output_layers)
             b_ready = True
             roots = self._plan(reply)
@@ -193,6 +196,7 @@ class GraphPartyRun:
                 "sensitivity": release.sensitivity, "participation_bound": release.participation_bound,
                 "accountant_requested": cfg.privacy.accountant,
                 "sensitivity_form": release.details.get("sensitivity_form", ""),
+                "one_shot_releases": plan.one_shot_releases,
             })
             self._create_run(roots, plan, release, reply.split, extractor)
             run_created = True
