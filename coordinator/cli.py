@@ -606,6 +606,54 @@ def bench_extractors(
     report(rows)
 
 
+@bench_app.command("snr")
+def bench_snr(
+    dataset: str = typer.Option("cora", "--dataset", help="A bundled name or an .npz path."),
+    extractor: Optional[list[str]] = typer.Option(
+        None, "--extractor", help="Extractors to profile (repeat; default pmp-gin, pmp-gcn, gap)."
+    ),
+    epsilon: str = typer.Option("4", "--epsilon", help="The run's budget, for calibrating z."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file whose \\[run] section sets the run (epochs, dim, fanout, ...)."),
+    dim: Optional[int] = typer.Option(None, "--dim", help="d, width of every released embedding.", min=1),
+    fanout: Optional[int] = typer.Option(None, "--fanout", help="D, neighbours sampled per node and layer (0 = all).", min=0),
+    epochs: Optional[int] = typer.Option(None, "--epochs", help="Training epochs of the planned run.", min=1),
+) -> None:
+    """Neighbourhood signal against noise per degree, at the z the accountant would calibrate.
+
+    Local and free: nothing is released or charged. Shows where an extractor's noisy
+    aggregate can carry information (signal norm above the noise norm θ√d).
+    """
+    from vesper.common.dataset_files import DatasetError, resolve_dataset
+    from vesper.coordinator.signal_to_noise import profile
+
+    run = _run_config(_load(config), {
+        "privacy.epsilon": _epsilon(epsilon), "extractor.dim": dim, "extractor.fanout": fanout, "epochs": epochs,
+    })
+    try:
+        path = resolve_dataset(dataset)
+    except DatasetError as exc:
+        _fail(str(exc))
+    for name in extractor or ["pmp-gin", "pmp-gcn", "gap"]:
+        try:
+            found = profile(run, path, name)
+        except (ValueError, KeyError) as exc:
+            errors.print(f"{name}: cannot profile: {exc}")
+            continue
+        table = Table(box=box.SIMPLE_HEAD, title=(
+            f"{name} on {dataset} at ε={epsilon}, {run.epochs} epochs: z={found.noise_multiplier:.3g}, "
+            f"θ={found.noise_std:.3g}, d={found.dim}"
+        ))
+        for column in ("degree", "nodes", "mean ‖a_v‖", "noise θ√d", "signal/noise", "nodes above noise"):
+            table.add_column(column, justify="right")
+        for b in found.buckets:
+            degree = str(b.low) if b.low == b.high else (f"{b.low}–{b.high}" if b.high < 10**9 else f"≥{b.low}")
+            table.add_row(
+                degree, str(b.nodes), f"{b.signal:.3g}", f"{b.noise:.3g}", f"{b.signal / b.noise:.3f}",
+                f"{100 * b.readable:.1f} %",
+            )
+        console.print(table)
+
+
 data_app = typer.Typer(help="Data sets: make synthetic graphs.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 
