@@ -1,0 +1,216 @@
+"""GAP (Sajadmanesh et al., USENIX Security 2023) as a party-A plugin: aggregation perturbation.
+
+GAP has three modules, mapped onto the two-party protocol as follows:
+
+1. **Encoder module** (edge-free): A's MlpEncoder x_v -> x̃_0[v] is trained with B's labels in
+   an edge-free stage (``Stage("encoder")``; B's decoder plays GAP's encoder head). It reads
+   no edge, so its releases are charged as no-op; afterwards it is frozen.
+2. **Aggregation module** (the only part that reads edges), computed once over the whole
+   graph with the frozen encoder, K = ``extractor.layers`` hops::
+
+       (GAP-1)  x_k = A x̃_{k-1} + N(0, σ² I),     σ = z · S,   S = √2   (docs/extractors/gap.md, eq. S)
+       (GAP-2)  x̃_k = x_k / ‖x_k‖ (row-wise),       x̃_0 = x̃_0 / ‖x̃_0‖ (the encoder's output)
+
+   Each hop is one Gaussian release of all N rows, charged (one-shot kind) before anything
+   uses it: K ``GaussianDpEvent(z)`` for the whole run, whatever the number of epochs.
+3. **Classification module**: B's decoder, trained on [x̃_0, x̃_1, ..., x̃_K] of the roots.
+   Those rows are read from the cached one-shot result: post-processing (no-op releases),
+   and nothing at A is trained any more (B's gradients are discarded).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from vesper.common.privacy.ledger import PlanRule
+from vesper.party_a.encoder import MlpEncoder
+from vesper.party_a.extractors.base import (
+    ChargePlan,
+    ExtractorBase,
+    ExtractorSetup,
+    ExtractorSpec,
+    PrepareSession,
+    ReleaseKind,
+    RootPlan,
+    Stage,
+    post_processing_rules,
+)
+from vesper.party_a.graph_store import Graph
+
+# L2 sensitivity of one hop A x̃ under adding/removing one undirected edge, for rows of norm
+# ≤ 1: rows u* and v* each gain one input row, √(1² + 1²) (docs/extractors/gap.md, eq. S).
+HOP_SENSITIVITY = math.sqrt(2.0)
+ENCODE_CHUNK = 1 << 16  # nodes per encoder forward pass when caching x̃_0 (bounds memory)
+
+
+class GapParams(BaseModel):
+    """GAP's own hyper-parameters (K hops = extractor.layers, width d = extractor.dim)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    encoder_epochs: int = Field(
+        50,
+        ge=0,
+        le=10_000,
+        description="epochs of the edge-free encoder stage trained with B before the hops are "
+        "released (GAP's encoder module); 0 = a frozen random encoder. Costs no privacy.",
+    )
+
+
+# -- the algorithm's steps ------------------------------------------------------------------
+def adjacency_matrix(graph: Graph) -> torch.Tensor:
+    """A as a sparse CSR matrix of ones (symmetric, no self-loops), on the graph's device."""
+    values = torch.ones(graph.indices.numel(), dtype=torch.float32, device=graph.device)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
+        return torch.sparse_csr_tensor(
+            graph.indptr, graph.indices, values, (graph.num_nodes, graph.num_nodes), check_invariants=True,
+        )
+
+
+def row_normalise(x: torch.Tensor) -> torch.Tensor:
+    """x̃ = x / ‖x‖ per row (GAP-2); a zero row stays zero, so every row has norm ≤ 1."""
+    return F.normalize(x, p=2.0, dim=-1)
+
+
+def aggregate(adjacency: torch.Tensor, x_prev: torch.Tensor) -> torch.Tensor:
+    """A x̃_{k-1}: the sum of each node's neighbours' rows (GAP-1 without its noise).
+
+    The only step that reads edges. Its sensitivity S = √2 needs every row of ``x_prev`` to
+    have norm ≤ 1 (docs/extractors/gap.md, eq. S), which row_normalise guarantees.
+    """
+    return adjacency @ x_prev
+
+
+def encode_all(encoder: nn.Module, features: torch.Tensor) -> torch.Tensor:
+    """x̃_0 = normalise(encoder(x_v)) for every node, in chunks, without gradient (GAP-2)."""
+    with torch.no_grad():
+        rows = torch.cat([encoder(chunk) for chunk in features.split(ENCODE_CHUNK)])
+    return row_normalise(rows)
+
+
+class GapExtractor(ExtractorBase):
+    """K hops of aggregation perturbation, released once; rows of them per step (no-op)."""
+
+    spec: ClassVar[ExtractorSpec] = ExtractorSpec(
+        name="gap", privacy_unit="edge", cost_model="one-shot",
+        summary="GAP aggregation perturbation: edge-free encoder stage, then K noisy hops over the "
+        "whole graph released once (K Gaussian events); training and evaluation are free",
+        params=GapParams, uses=("layers", "dim", "encoder_hidden", "dropout", "noise_multiplier"),
+        accountings=("visible-batch",), docs="docs/extractors/gap.md",
+    )
+
+    def __init__(self, setup: ExtractorSetup) -> None:
+        super().__init__(setup)
+        ex = setup.config.extractor
+        if ex.degree_bound:
+            # S = √2 holds on the raw graph at any degree; through a projection one edge can
+            # change three, and that sensitivity is not derived for GAP
+            raise ValueError(
+                "extractor gap reads the whole graph and needs no degree bound: set extractor.degree_bound to 0"
+            )
+        self.params: GapParams = setup.params  # type: ignore[assignment]
+        self.hops = ex.layers  # K
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(setup.config.seed)
+            self.encoder = MlpEncoder(setup.features.shape[1], ex.encoder_hidden, ex.dim, ex.dropout).to(setup.device)
+        self.adjacency = adjacency_matrix(setup.graph)
+        self.noise_std = 0.0
+        self.released: torch.Tensor | None = None  # [N, d, K+1]: x̃_0 and the charged hops
+
+    @property
+    def output_layers(self) -> int:
+        return self.hops + 1  # x̃_0, x̃_1, ..., x̃_K
+
+    # -- what it costs ----------------------------------------------------------------------
+    def charge_plan(self, roots: RootPlan) -> ChargePlan:
+        """K one-shot Gaussian(z) releases of sensitivity √2; stage, train and eval are no-op.
+
+        Every hop counts (participation_bound=None): each is one release of all N rows, and
+        the one-shot pass is made once, so ε does not depend on the number of epochs.
+        """
+        rules = [PlanRule(kind="one-shot", participation_bound=None, mechanism="gaussian"), *post_processing_rules()]
+        stages = (self.encoder_stage(),) if self.params.encoder_epochs else ()
+        details = {
+            "sensitivity_form": "one-shot",
+            "hops": self.hops,
+            "hop_sensitivity": HOP_SENSITIVITY,
+            "derivation": "A x̃ with rows of norm ≤ 1: one undirected edge adds one row to each endpoint's "
+            "aggregate, √(1+1) = √2 per hop; K hops adaptively composed (docs/extractors/gap.md)",
+        }
+        return ChargePlan(
+            rules, HOP_SENSITIVITY, one_shot_releases=self.hops, stages=stages, participation_bound=0, details=details,
+        )
+
+    def bind(self, noise_multiplier: float | None) -> None:
+        super().bind(noise_multiplier)
+        self.noise_std = 0.0 if noise_multiplier is None else noise_multiplier * HOP_SENSITIVITY
+
+    # -- the three modules ------------------------------------------------------------------
+    def prepare(self, session: PrepareSession) -> None:
+        """Encoder module (edge-free stage), then the aggregation module's K charged hops."""
+        self.train_encoder(session)
+        self.encoder.requires_grad_(False)
+        self.encoder.eval()
+        self.released = self.release_hops(encode_all(self.encoder, self.setup.features), session)
+
+    def train_encoder(self, session: PrepareSession) -> None:
+        """GAP's encoder module: x_v -> x̃_0[v] trained with B's labels; reads no edge."""
+        if not self.params.encoder_epochs:
+            return
+        session.progress(f"gap: training the edge-free encoder for {self.params.encoder_epochs} epochs")
+        self.encoder.train()
+        session.train_stage(
+            self.encoder_stage(), lambda roots: self.encoder(self.setup.features[roots]).unsqueeze(-1),
+            self.encoder.parameters(),
+        )
+
+    def encoder_stage(self) -> Stage:
+        """The edge-free stage: B x d x 1 encoder outputs per step, charged as no-op train releases."""
+        return Stage(name="encoder", epochs=self.params.encoder_epochs, layers=1)
+
+    def noisy_hop(self, x_prev: torch.Tensor) -> torch.Tensor:
+        """x_k = A x̃_{k-1} + N(0, σ² I), σ = z · √2 (GAP-1), from A's secret noise generator."""
+        x = aggregate(self.adjacency, x_prev)
+        if self.noise_std > 0:
+            x = x + self.gaussian_noise(x.shape, self.noise_std)
+        return x
+
+    @torch.no_grad()  # no gradient may flow back through a read of A (docs/extractors/gap.md, 3.3)
+    def release_hops(self, x0: torch.Tensor, session: PrepareSession) -> torch.Tensor:
+        """[x̃_0, x̃_1, ..., x̃_K] as one [N, d, K+1] tensor; hop k is charged before any use.
+
+        Hop k reads only x̃_{k-1}, which is x̃_0 (edge-free) or a function of the already
+        charged hop k-1: each hop is a Gaussian mechanism given the previous releases
+        (adaptive composition), and its sensitivity S = √2 holds for every such input.
+        """
+        all_nodes = torch.arange(self.setup.graph.num_nodes, device=self.setup.device)
+        out = x0.new_empty((x0.shape[0], x0.shape[1], self.hops + 1))
+        x_tilde = row_normalise(x0)
+        out[:, :, 0] = x_tilde
+        for k in range(1, self.hops + 1):
+            session.progress(f"gap: releasing hop {k} of {self.hops} over all {all_nodes.numel()} nodes")
+            x_k = self.noisy_hop(x_tilde)
+            # write-ahead: nothing reads x_k (not even hop k+1) before the accountant committed it;
+            # a refusal raises here and the computed hop is dropped
+            session.charge_one_shot(k - 1, all_nodes)
+            x_tilde = row_normalise(x_k)
+            out[:, :, k] = x_tilde
+        return out
+
+    # -- what it releases -------------------------------------------------------------------
+    def release(self, roots: torch.Tensor, kind: ReleaseKind) -> torch.Tensor:
+        """Rows [x̃_0, ..., x̃_K] of the roots, B x d x (K+1): post-processing of the hops."""
+        if self.released is None:
+            raise RuntimeError("gap releases rows of its one-shot hops: prepare() must run first")
+        return self.released[roots]
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return []  # the encoder is frozen after its stage; B's gradients are discarded
