@@ -138,6 +138,8 @@ DminOpt = typer.Option(None, "--d-min", help="D_min of truncated PMP-GCN.", min=
 LrOpt = typer.Option(None, "--lr", help="Learning rate of both parties.")
 NoiseOpt = typer.Option(None, "--noise-multiplier", help="Fix z = noise std / sensitivity instead of calibrating it to ε.")
 WireOpt = typer.Option(None, "--wire-dtype", help="Dtype of tensors on the wire.")
+DimOpt = typer.Option(None, "--dim", help="d, width of every released embedding.", min=1)
+DropoutOpt = typer.Option(None, "--dropout", help="Dropout of A's encoder.", min=0.0, max=0.99)
 
 
 def _overrides(**kw: Any) -> dict[str, Any]:
@@ -159,6 +161,8 @@ def _overrides(**kw: Any) -> dict[str, Any]:
         "optimizer.lr": kw["lr"],
         "extractor.noise_multiplier": kw["noise_multiplier"],
         "wire_dtype": kw["wire_dtype"],
+        "extractor.dim": kw["dim"],
+        "extractor.dropout": kw["dropout"],
         **{f"extractor.params.{key}": value for key, value in _params(kw["param"]).items()},
     }
 
@@ -203,7 +207,8 @@ def print_summaries(summaries: list[RunSummary]) -> None:
             noise = "reads no edges, so spends nothing"
         elif s.noise_multiplier and s.cost_model == "one-shot":
             noise = (
-                f"noise multiplier z {s.noise_multiplier:.4g} on {s.one_shot_releases} releases made once before "
+                f"noise multiplier z {s.noise_multiplier:.4g} on {s.one_shot_releases} "
+                f"release{'s' if s.one_shot_releases != 1 else ''} made once before "
                 "training; every training and evaluation release is post-processing of them"
             )
         elif s.noise_multiplier:
@@ -290,6 +295,8 @@ def train(
     lr: Optional[float] = LrOpt,
     noise_multiplier: Optional[float] = NoiseOpt,
     wire_dtype: Optional[WireDType] = WireOpt,
+    dim: Optional[int] = DimOpt,
+    dropout: Optional[float] = DropoutOpt,
     json_out: Optional[Path] = JsonOutOpt,
 ) -> None:
     """Train one run against running services, with a live progress bar."""
@@ -451,6 +458,8 @@ def demo(
     lr: Optional[float] = LrOpt,
     noise_multiplier: Optional[float] = NoiseOpt,
     wire_dtype: Optional[WireDType] = WireOpt,
+    dim: Optional[int] = DimOpt,
+    dropout: Optional[float] = DropoutOpt,
     json_out: Optional[Path] = JsonOutOpt,
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file with a \\[run] section to start from."),
     workdir: Path = typer.Option(Path(".vesper/demo"), "--workdir", help="Configs, logs, ledger and models of the demo."),

@@ -78,5 +78,9 @@ def test_recipes_apply_on_top_of_the_base_config() -> None:
     config = table.run_config(base, "cora", "gap", 4)
     assert config.extractor.name == "gap" and config.extractor.dim == 32 and config.seed == 4 and config.epochs == 7
     assert config.extractor.params == {} and config.extractor.layers == table.RECIPES["gap"]["extractor.layers"]
-    gin = table.run_config(base, "cora", "pmp-gin", 0)
-    assert gin.epochs == table.RECIPES["pmp-gin"]["epochs"] and gin.extractor.fanout == 0
+    table.RECIPES["probe"] = {"epochs": 3, "extractor.fanout": 0}
+    try:
+        probe = table.run_config(base, "cora", "probe", 0)
+    finally:
+        del table.RECIPES["probe"]
+    assert probe.epochs == 3 and probe.extractor.fanout == 0 and probe.extractor.dim == 32
