@@ -15,6 +15,9 @@ names the one that actually produced its number (docs/accounting.md):
       finest within :data:`PLD_MAX_SINGLE_POINTS` and :data:`PLD_MAX_COMPOSED_POINTS`
       when 1e-4 is not; still pessimistic, so still an upper bound.
     * ``rdp-fallback``: when even 2e-3 is too large, dp-accounting's RDP accountant.
+    * ``rdp-zcdp``: an event containing a ``ZCDpEvent`` (exponential-mechanism rounds,
+      docs/extractors/dpar.md) has no privacy loss distribution here, so the whole
+      composition is accounted by dp-accounting's RDP accountant (ρα + ξ at each order).
 
 ``"rdp"``
     * ``rdp``: dp-accounting's ``RdpAccountant`` for every event, over
@@ -154,6 +157,17 @@ def _gaussian_precision(event: dpa.DpEvent) -> float | None:
             total += inner
         return total
     return None
+
+
+def _contains_zcdp(event: dpa.DpEvent) -> bool:
+    """Whether ``event`` has a ZCDpEvent leaf (the PLD accountant cannot represent one)."""
+    if isinstance(event, dpa.ZCDpEvent):
+        return True
+    if isinstance(event, (dpa.SelfComposedDpEvent, dpa.PoissonSampledDpEvent)):
+        return _contains_zcdp(event.event)
+    if isinstance(event, dpa.ComposedDpEvent):
+        return any(_contains_zcdp(e) for e in event.events)
+    return False
 
 
 def _contains_non_private(event: dpa.DpEvent) -> bool:
@@ -404,6 +418,9 @@ def _epsilon_cached(event_json: str, delta: float, accountant: Accountant) -> Ep
         return EpsilonResult(gaussian_epsilon(1.0 / math.sqrt(precision), delta), "gaussian-exact")
     if _contains_non_private(event):
         return EpsilonResult(math.inf, "pld")
+    if _contains_zcdp(event):
+        epsilon, order = _rdp(event, delta, RDP_ORDERS)
+        return EpsilonResult(epsilon, "rdp-zcdp", order=order)
     return _pld_epsilon(event, delta)
 
 
@@ -486,7 +503,7 @@ def calibrate(
         return _rdp(make_event(z), delta, _RDP_SKELETON_ORDERS)[0]
 
     z_rdp = _search(skeleton, target_epsilon, 1.0, z_max, z_rtol=1e-3, eps_rtol=1e-3)
-    if accountant == "rdp":
+    if accountant == "rdp" or _contains_zcdp(probe):  # pld charges zCDP plans by RDP too ("rdp-zcdp")
         z = _refine_rdp(make_event, final, target_epsilon, delta, z_rdp, z_max, eps_rtol=tolerance(1e-6))
         return z, final(z)
     # The PLD root lies below RDP's (by 1-30 %). RDP's ε is dominated by log(1/δ)/(α−1)

@@ -1,7 +1,8 @@
 """DpEvents as canonical JSON, so a ledger row stores exactly what was charged.
 
-``{"type": "GaussianDpEvent", "noise_multiplier": 3.77}``; composite events nest
-(``ComposedDpEvent.events``, ``SelfComposedDpEvent.event``). Only the event types
+``{"type": "GaussianDpEvent", "noise_multiplier": 3.77}``, ``{"type": "ZCDpEvent", "rho": 0.1,
+"xi": 0.0}``; composite events nest (``ComposedDpEvent.events``,
+``SelfComposedDpEvent.event``). Only the event types
 vesper can account for are accepted; anything else is an :class:`EventError`.
 """
 
@@ -29,6 +30,7 @@ _EVENT_TYPES: dict[str, type[dpa.DpEvent]] = {
         dpa.SelfComposedDpEvent,
         dpa.ComposedDpEvent,
         dpa.PoissonSampledDpEvent,
+        dpa.ZCDpEvent,  # (ξ, ρ)-zCDP: exponential-mechanism rounds (docs/extractors/dpar.md)
     )
 }
 
@@ -78,6 +80,8 @@ def _from_data(data: Any) -> dpa.DpEvent:
         return cls(noise_multiplier=_number(data, "noise_multiplier", low=0.0))
     if cls is dpa.LaplaceDpEvent:
         return cls(noise_multiplier=_number(data, "noise_multiplier", low=0.0))
+    if cls is dpa.ZCDpEvent:
+        return cls(rho=_number(data, "rho", low=0.0), xi=_number(data, "xi", low=0.0))
     if cls is dpa.PoissonSampledDpEvent:
         return cls(
             sampling_probability=_number(data, "sampling_probability", low=0.0, high=1.0),

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from typing import Literal
 
 import dp_accounting as dpa
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from vesper.common.privacy.accounting import epsilon_of
 from vesper.common.privacy.events import EventError, event_from_json
@@ -80,19 +80,35 @@ class ChargeRule(_Record):
 
 
 class PlanRule(_Record):
-    """A kind's charge as a function of the run's noise multiplier z (for calibration)."""
+    """A kind's charge as a function of the run's noise multiplier z (for calibration).
+
+    ``exponential``: one round of an exponential mechanism whose bounded-range parameter
+    is ε0 = 1/(noise_scale·z); an ε0-bounded-range mechanism is ε0²/8-zCDP (Cesar & Rogers
+    2021), so the event is ``ZCDpEvent(ε0²/8)`` (docs/extractors/dpar.md, section 4).
+    """
 
     kind: Kind
     participation_bound: int | None = Field(ge=0)
     sampling_probability: float = Field(1.0, gt=0.0, le=1.0)
     noise_scale: float = Field(1.0, gt=0.0)
-    mechanism: Literal["gaussian", "no-op"] = Field(
-        "gaussian", description="gaussian: Gaussian(noise_scale·z); no-op: post-processing of charged releases"
+    mechanism: Literal["gaussian", "exponential", "no-op"] = Field(
+        "gaussian",
+        description="gaussian: Gaussian(noise_scale·z); exponential: ZCDp(ε0²/8) with ε0 = 1/(noise_scale·z); "
+        "no-op: post-processing of charged releases",
     )
+
+    @model_validator(mode="after")
+    def _unsampled_exponential(self) -> PlanRule:
+        if self.mechanism == "exponential" and self.sampling_probability < 1.0:
+            raise ValueError("an exponential-mechanism rule cannot be Poisson-sampled: no accountant here covers it")
+        return self
 
     def event(self, z: float) -> dpa.DpEvent:
         if self.mechanism == "no-op":
             return dpa.NoOpDpEvent()
+        if self.mechanism == "exponential":
+            epsilon0 = 1.0 / (self.noise_scale * z)
+            return dpa.ZCDpEvent(rho=epsilon0 * epsilon0 / 8.0)
         gaussian = dpa.GaussianDpEvent(self.noise_scale * z)
         if self.sampling_probability >= 1.0:
             return gaussian
