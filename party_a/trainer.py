@@ -324,7 +324,7 @@ class GraphPartyRun:
             return release(_fixed_rules(plan.rules, lambda r: dpa.NoOpDpEvent()), None)
         if math.isinf(cfg.privacy.epsilon):
             return release(_fixed_rules(
-                plan.rules, lambda r: dpa.NonPrivateDpEvent() if r.mechanism == "gaussian" else dpa.NoOpDpEvent()
+                plan.rules, lambda r: dpa.NonPrivateDpEvent() if r.mechanism != "no-op" else dpa.NoOpDpEvent()
             ), None)
         z = cfg.extractor.noise_multiplier
         if z is None:
