@@ -35,7 +35,13 @@ def start_server(listen: str, services: list[Registration], max_message_mb: int)
 
     Returns the server and the bound port (useful with port 0).
     """
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=channel_options(max_message_mb))
+    # clients ping every 30 s even on a silent stream (a long one-shot release); the default
+    # server policy calls that "too many pings" and drops the stream with GOAWAY
+    options = channel_options(max_message_mb) + [
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ("grpc.http2.max_ping_strikes", 0),
+    ]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=options)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = []
