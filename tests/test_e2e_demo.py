@@ -40,3 +40,26 @@ def test_demo_trains_reports_and_shuts_down(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60,
     )
     assert verify.returncode == 0 and "verified" in verify.stdout, verify.stdout + verify.stderr
+
+
+@pytest.mark.parametrize("extractor", ["gap", "vfgnn", "dpar-edge", "dpar-node"])
+def test_demo_with_each_extractor_reports_epsilon_from_the_ledger(tmp_path: Path, extractor: str) -> None:
+    out = tmp_path / "demo.json"
+    workdir = tmp_path / "demo"
+    result = subprocess.run(
+        [sys.executable, "-m", "vesper.coordinator", "demo", "--workdir", str(workdir), "--extractor", extractor,
+         "--epochs", "1", "--no-baseline", "--json-out", str(out)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "160"},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads(out.read_text())
+    assert summary["extractor"] == extractor and summary["status"] == "completed"
+    assert 0 < summary["epsilon_spent"] <= summary["epsilon_budget"] == 8
+    assert f"{summary['privacy_unit']}-level ε spent" in result.stdout
+    # the reported ε is the one the ledger recomputes
+    verify = subprocess.run(
+        [sys.executable, "-m", "vesper.coordinator", "ledger", "verify", summary["run_id"], "--ledger",
+         str(workdir / "ledger.sqlite")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert verify.returncode == 0 and f"= {summary['epsilon_spent']!r}" in verify.stdout, verify.stdout + verify.stderr
