@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from dataclasses import dataclass, field
@@ -112,6 +113,23 @@ def start_service(kind: str, config_path: Path, workdir: Path, env: dict[str, st
     return ServiceProcess(kind, process, ready, log_path)
 
 
+def _exit_on_sigterm() -> object:
+    """Make SIGTERM unwind like Ctrl-C, so a killed command still stops the services it
+    started (they run in their own sessions and would not get the signal)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    return signal.signal(signal.SIGTERM, handler)
+
+
+def _restore_sigterm(previous: object) -> None:
+    if previous is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, previous)
+
+
 class LocalCluster:
     """Accountant, party B and party A on loopback, each its own process."""
 
@@ -133,15 +151,20 @@ class LocalCluster:
         self.services: dict[str, ServiceProcess] = {}
 
     def __enter__(self) -> LocalCluster:
+        self._previous_sigterm = _exit_on_sigterm()
         try:
             self.start()
         except BaseException:
             self.stop()
+            _restore_sigterm(self._previous_sigterm)
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
+        try:
+            self.stop()
+        finally:
+            _restore_sigterm(self._previous_sigterm)
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)

@@ -63,3 +63,28 @@ def test_demo_with_each_extractor_reports_epsilon_from_the_ledger(tmp_path: Path
         capture_output=True, text=True, timeout=60,
     )
     assert verify.returncode == 0 and f"= {summary['epsilon_spent']!r}" in verify.stdout, verify.stdout + verify.stderr
+
+
+def test_a_killed_demo_stops_the_services_it_started(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    workdir, out = tmp_path / "demo", tmp_path / "demo.json"
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "vesper.coordinator", "demo", "--workdir", str(workdir), "--extractor", "mlp",
+         "--epochs", "1", "--no-baseline", "--keep-serving", "--json-out", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not out.exists() and demo.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert out.exists(), "the demo did not finish its run"
+        pids = [json.loads((workdir / f"{n}.ready.json").read_text())["pid"] for n in ("accountant", "party-b", "party-a")]
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(timeout=60) != 0
+    finally:
+        demo.kill()
+    for pid in pids:
+        status = Path(f"/proc/{pid}/status")
+        assert not status.exists() or "zombie" in status.read_text(), f"service {pid} outlived the demo"
