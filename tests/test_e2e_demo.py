@@ -42,13 +42,17 @@ def test_demo_trains_reports_and_shuts_down(tmp_path: Path) -> None:
     assert verify.returncode == 0 and "verified" in verify.stdout, verify.stdout + verify.stderr
 
 
-@pytest.mark.parametrize("extractor", ["gap", "vfgnn", "dpar-edge", "dpar-node"])
+# small settings keep each run short; the extractors' own tests cover their defaults
+QUICK = {"gap": ["--param", "encoder_epochs=2"], "vfgnn": [], "dpar-edge": [], "dpar-node": ["--param", "train_encoder=false"]}
+
+
+@pytest.mark.parametrize("extractor", list(QUICK))
 def test_demo_with_each_extractor_reports_epsilon_from_the_ledger(tmp_path: Path, extractor: str) -> None:
     out = tmp_path / "demo.json"
     workdir = tmp_path / "demo"
     result = subprocess.run(
         [sys.executable, "-m", "vesper.coordinator", "demo", "--workdir", str(workdir), "--extractor", extractor,
-         "--epochs", "1", "--no-baseline", "--json-out", str(out)],
+         "--epochs", "1", "--no-baseline", "--json-out", str(out), *QUICK[extractor]],
         capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "160"},
     )
     assert result.returncode == 0, result.stdout + result.stderr
