@@ -159,25 +159,24 @@ def _gaussian_precision(event: dpa.DpEvent) -> float | None:
     return None
 
 
-def _contains_zcdp(event: dpa.DpEvent) -> bool:
-    """Whether ``event`` has a ZCDpEvent leaf (the PLD accountant cannot represent one)."""
-    if isinstance(event, dpa.ZCDpEvent):
+def _contains(event: dpa.DpEvent, leaf: type[dpa.DpEvent]) -> bool:
+    """Whether ``event`` has a leaf of type ``leaf`` anywhere in its composition tree."""
+    if isinstance(event, leaf):
         return True
     if isinstance(event, (dpa.SelfComposedDpEvent, dpa.PoissonSampledDpEvent)):
-        return _contains_zcdp(event.event)
+        return _contains(event.event, leaf)
     if isinstance(event, dpa.ComposedDpEvent):
-        return any(_contains_zcdp(e) for e in event.events)
+        return any(_contains(e, leaf) for e in event.events)
     return False
+
+
+def _contains_zcdp(event: dpa.DpEvent) -> bool:
+    """Whether ``event`` has a ZCDpEvent leaf (the PLD accountant cannot represent one)."""
+    return _contains(event, dpa.ZCDpEvent)
 
 
 def _contains_non_private(event: dpa.DpEvent) -> bool:
-    if isinstance(event, dpa.NonPrivateDpEvent):
-        return True
-    if isinstance(event, (dpa.SelfComposedDpEvent, dpa.PoissonSampledDpEvent)):
-        return _contains_non_private(event.event)
-    if isinstance(event, dpa.ComposedDpEvent):
-        return any(_contains_non_private(e) for e in event.events)
-    return False
+    return _contains(event, dpa.NonPrivateDpEvent)
 
 
 # -- RDP -----------------------------------------------------------------------------------
