@@ -131,12 +131,16 @@ class Accountant:
         return events
 
     # -- plans -------------------------------------------------------------------------------
+    @staticmethod
     def calibrate_gaussian(
-        self, passes: list[PlannedPass], plan_rules: list[PlanRule], target_epsilon: float, delta: float,
+        passes: list[PlannedPass], plan_rules: list[PlanRule], target_epsilon: float, delta: float,
         accounting: str, accountant: str,
     ) -> tuple[float, Spent, list[ChargeRule], int]:
-        """Smallest z whose plan, charged as the ledger would charge it, stays within the target."""
-        self._check_common(accounting, accountant, delta)
+        """Smallest z whose plan, charged as the ledger would charge it, stays within the target.
+
+        Reads no ledger, so tools may call it on the class (``vesper bench snr``).
+        """
+        Accountant._check_common(accounting, accountant, delta)
         bounds = {rule.kind: rule.participation_bound for rule in plan_rules}
         if len(bounds) != len(plan_rules):
             raise _invalid("one rule per kind of release")

@@ -19,10 +19,9 @@ from pathlib import Path
 
 import torch
 
+from vesper.accountant.budget import Accountant, AccountantError
 from vesper.common.config import RunConfig
 from vesper.common.dataset_files import load_label_part
-from vesper.common.privacy.accounting import calibrate
-from vesper.common.privacy.ledger import composed_event, counted_per_kind
 from vesper.common.splits import split_for
 from vesper.party_a.extractors.base import ChargePlan, ExtractorSetup, RootPlan
 from vesper.party_a.extractors.pmp import gcn_aggregate, gin_aggregate
@@ -63,12 +62,14 @@ def roots_of(config: RunConfig, dataset: Path) -> RootPlan:
 
 
 def noise_multiplier(plan: ChargePlan, roots: RootPlan, config: RunConfig, delta: float) -> float:
-    """z the accountant would calibrate for this plan (accountant.budget.calibrate_gaussian)."""
-    counted = counted_per_kind(plan.passes(config.epochs, roots), {r.kind: r.participation_bound for r in plan.rules})
-    z, _ = calibrate(
-        lambda z: composed_event({r.kind: r.event(z) for r in plan.rules}, counted),
-        config.privacy.epsilon, delta, accountant=config.privacy.accountant,
-    )
+    """z the accountant calibrates for this plan: its own calibration, called without a ledger."""
+    privacy = config.privacy
+    try:
+        z, _, _, _ = Accountant.calibrate_gaussian(
+            plan.passes(config.epochs, roots), plan.rules, privacy.epsilon, delta, privacy.accounting, privacy.accountant,
+        )
+    except AccountantError as exc:
+        raise ValueError(str(exc)) from None
     return z
 
 
