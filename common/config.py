@@ -275,6 +275,8 @@ class RunSummary(_Model):
     participation_bound: int | None = Field(None, description="counted releases per pass; null = every release")
     cost_model: str = Field("", description="the extractor's: none, per-step, one-shot, one-shot + per-step")
     one_shot_releases: int = Field(0, description="releases charged once before training (GAP's hops, DPAR's neighbourhoods)")
+    pre_train_releases: int = Field(0, description="charges of A's private pre-training (each covers a chunk of steps)")
+    relation: str = Field("", description="the neighbouring relation the guarantee is stated for")
     split: str = ""
     status_url: str = ""
     baseline: RunSummary | None = None

@@ -6,6 +6,7 @@ import json
 import logging
 import re
 import sys
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
@@ -206,9 +207,13 @@ def print_summaries(summaries: list[RunSummary]) -> None:
         if s.cost_model == "none":
             noise = "reads no edges, so spends nothing"
         elif s.noise_multiplier and s.cost_model == "one-shot":
+            parts = []
+            if s.pre_train_releases:
+                parts.append(f"{s.pre_train_releases} private pre-training charge{'s' if s.pre_train_releases != 1 else ''} inside A")
+            if s.one_shot_releases:
+                parts.append(f"{s.one_shot_releases} release{'s' if s.one_shot_releases != 1 else ''}")
             noise = (
-                f"noise multiplier z {s.noise_multiplier:.4g} on {s.one_shot_releases} "
-                f"release{'s' if s.one_shot_releases != 1 else ''} made once before "
+                f"noise multiplier z {s.noise_multiplier:.4g} on {' and '.join(parts) or 'nothing'} made once before "
                 "training; every training and evaluation release is post-processing of them"
             )
         elif s.noise_multiplier:
@@ -225,7 +230,8 @@ def print_summaries(summaries: list[RunSummary]) -> None:
         console.print(
             f"[bold]{s.run_id}[/] {s.extractor}+{s.decoder} on {s.dataset}, {s.steps} steps{val}: {s.privacy_unit}-level ε spent "
             f"{format_epsilon(s.epsilon_spent)} of {format_epsilon(s.epsilon_budget)} at δ={s.delta:.3g} "
-            f"({s.accounting}, {s.accountant or 'no charges'}); {noise}",
+            f"({s.accounting}, {s.accountant or 'no charges'}); {noise}"
+            + (f". Privacy unit: {s.relation}" if s.relation else ""),
             highlight=False,
         )
         if s.accounting == "hidden-batch":
@@ -570,31 +576,42 @@ def bench_extractors(
         None, "--extractor", help="Extractors to compare (repeat; default mlp, pmp-gin, pmp-gcn, gap, vfgnn, dpar-edge)."
     ),
     seeds: int = typer.Option(5, "--seeds", help="Seeds per cell (0, 1, ...).", min=1),
-    epsilon: str = typer.Option("4", "--epsilon", help="The budget of every run; 'inf' = no noise."),
+    epsilon: list[str] = typer.Option(
+        ["4"], "--epsilon", help="Budget of the runs; 'inf' = no noise. Repeat for a sweep: a column per ε."
+    ),
     accounting: Accounting = typer.Option(Accounting.visible_batch, "--accounting", help="Accounting mode of every run."),
     epochs: Optional[int] = typer.Option(None, "--epochs", help="Training epochs (default: the \\[run] section's, else 50).", min=1),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file whose \\[run] section every run starts from."),
     out: Path = typer.Option(Path("bench/extractors"), "--out", help="Directory for results.csv, results.md and results.png."),
+    jobs: int = typer.Option(1, "--jobs", help="Runs at a time, each with its own services on loopback.", min=1),
     party_a: Optional[str] = typer.Option(
         None, "--party-a", help="Use running services at this party A address instead of starting them on loopback."
     ),
 ) -> None:
-    """Extractors side by side at one ε (mean ± std over seeds), through the real services.
+    """Extractors side by side (mean ± std over seeds), through the real services.
 
-    Resumable: cells already in OUT/results.csv are not run again.
+    One --epsilon: a table at that budget. Several: a table per dataset with a column per ε
+    and a plot of the metric against ε; an extractor that reads no edge (the MLP) runs once
+    per seed and is shown in every column. Resumable: cells already in OUT/results.csv are
+    not run again.
     """
     from vesper.coordinator import extractor_table as table
     from vesper.coordinator.processes import LocalCluster, ServiceStartError
     from vesper.coordinator.run_client import RunClientError, drive_run
 
+    budgets = list(dict.fromkeys(_epsilon(e) for e in epsilon))
     base = _run_config(_load(config), {
-        "privacy.epsilon": _epsilon(epsilon), "privacy.accounting": accounting, "epochs": epochs,
+        "privacy.epsilon": budgets[0], "privacy.accounting": accounting, "epochs": epochs,
     })
     names = extractor or list(table.DEFAULT_EXTRACTORS)
     command = " ".join(
         ["vesper bench extractors", *(f"--dataset {d}" for d in dataset), *(f"--extractor {e}" for e in names),
-         f"--seeds {seeds}", f"--epsilon {epsilon}", f"--accounting {accounting.value}", f"--epochs {base.epochs}"]
+         f"--seeds {seeds}", *(f"--epsilon {e}" for e in epsilon), f"--accounting {accounting.value}",
+         f"--epochs {base.epochs}"]
     )
+    if len(budgets) > 1 or jobs > 1:
+        _bench_sweep(base, budgets, dataset, names, seeds, out, jobs, party_a, command)
+        return
 
     def report(rows: list[table.TableRow]) -> None:
         (out / "results.md").write_text(table.markdown(rows, base, seeds, command) + "\n")
@@ -613,6 +630,35 @@ def bench_extractors(
     except (ServiceStartError, RunClientError) as exc:
         _fail(str(exc), 1)
     report(rows)
+
+
+def _bench_sweep(
+    base: RunConfig, budgets: list[float], datasets: list[str], names: list[str], seeds: int, out: Path, jobs: int,
+    party_a: str | None, command: str,
+) -> None:
+    from contextlib import ExitStack
+
+    from vesper.coordinator import extractor_sweep as sweep
+    from vesper.coordinator.processes import LocalCluster, ServiceStartError
+    from vesper.coordinator.run_client import RunClientError, drive_run
+
+    def driver(address: str) -> Callable[[RunConfig], RunSummary]:
+        return lambda config: drive_run(address, config, console)
+
+    try:
+        with ExitStack() as stack:
+            if party_a is not None:
+                drivers = [driver(party_a)] * jobs
+            else:
+                clusters = [stack.enter_context(LocalCluster((out / f"cluster-{i}").resolve())) for i in range(jobs)]
+                drivers = [driver(c.party_a_address) for c in clusters]
+            rows = sweep.run_sweep(base, budgets, datasets, names, seeds, out, drivers, console)
+    except (ServiceStartError, RunClientError) as exc:
+        _fail(str(exc), 1)
+    (out / "results.md").write_text(sweep.markdown(rows, base, budgets, seeds, command) + "\n")
+    sweep.plot(rows, budgets, out / "results.png")
+    console.print((out / "results.md").read_text(), highlight=False)
+    console.print(f"wrote {out / 'results.csv'}, {out / 'results.md'} and {out / 'results.png'}", highlight=False)
 
 
 @bench_app.command("snr")

@@ -36,7 +36,16 @@ from vesper.common.optim import build_optimizer
 from vesper.common.privacy.events import event_to_json
 from vesper.common.privacy.ledger import ChargeRule, PlanRule
 from vesper.common.wire import WireError, decode_tensor, dtype_to_proto, encode_tensor, validate_node_ids
-from vesper.party_a.extractors.base import ChargePlan, Extractor, ExtractorSetup, RootPlan, Stage
+from vesper.party_a.extractors.base import (
+    ChargePlan,
+    Extractor,
+    ExtractorSetup,
+    RootPlan,
+    Stage,
+    default_relation,
+    overrides_root_batches,
+    shuffled_batches,
+)
 from vesper.party_a.extractors.registry import lookup, validated_params
 from vesper.party_a.graph_store import Graph, build_graph
 from vesper.party_a.peers import (
@@ -106,6 +115,13 @@ def _fixed_rules(plan_rules: list[PlanRule], event_of: Callable[[PlanRule], dpa.
     ]
 
 
+def _relation(extractor: Extractor) -> str:
+    return extractor.spec.relation or default_relation(extractor.spec.privacy_unit)
+
+
+Batches = Callable[[torch.Tensor, int, torch.Generator], list[torch.Tensor]]
+
+
 def nodes_digest(node_ids: torch.Tensor) -> str:
     """What the accountant stores to recognise a retried charge as the same release."""
     return hashlib.sha256(node_ids.cpu().to(torch.int64).numpy().tobytes()).hexdigest()[:32]
@@ -132,6 +148,9 @@ class _Preparation:
 
     def charge_one_shot(self, index: int, node_ids: torch.Tensor) -> None:
         self.run.charge(node_ids, self.release, "one-shot-0", "one-shot", index)
+
+    def charge_pre_train(self, index: int, node_ids: torch.Tensor) -> None:
+        self.run.charge(node_ids, self.release, "pre-train-0", "pre-train", index)
 
     def train_stage(
         self, stage: Stage, release: Callable[[torch.Tensor], torch.Tensor], parameters: Iterable[nn.Parameter]
@@ -183,20 +202,20 @@ class GraphPartyRun:
             extractor = self._build_extractor()
             summary = summary.model_copy(update={
                 "delta": self.delta, "privacy_unit": extractor.spec.privacy_unit,
-                "cost_model": extractor.spec.cost_model,
+                "cost_model": extractor.spec.cost_model, "relation": _relation(extractor),
             })
             reply = self._setup_label_party(self.run_id, extractor.output_layers)
             b_ready = True
             roots = self._plan(reply)
             plan = extractor.charge_plan(roots)
-            release = self._release(roots, plan)
+            release = self._release(roots, plan, overrides_root_batches(extractor))
             extractor.bind(release.noise_multiplier)
             summary = summary.model_copy(update={
                 "split": reply.split, "noise_multiplier": release.noise_multiplier, "noise_std": release.noise_std,
                 "sensitivity": release.sensitivity, "participation_bound": release.participation_bound,
                 "accountant_requested": cfg.privacy.accountant,
                 "sensitivity_form": release.details.get("sensitivity_form", ""),
-                "one_shot_releases": plan.one_shot_releases,
+                "one_shot_releases": plan.one_shot_releases, "pre_train_releases": plan.pre_train_releases,
             })
             self._create_run(roots, plan, release, reply.split, extractor)
             run_created = True
@@ -306,7 +325,7 @@ class GraphPartyRun:
             eval_chunks=math.ceil(ids["val"].numel() / chunk) + math.ceil(ids["test"].numel() / chunk),
         )
 
-    def _release(self, roots: RootPlan, plan: ChargePlan) -> Release:
+    def _release(self, roots: RootPlan, plan: ChargePlan, chooses_roots: bool = False) -> Release:
         """Each kind's DpEvent: calibrated Gaussian, fixed Gaussian, non-private, or no-op."""
         cfg = self.config
         kinds = [rule.kind for rule in plan.rules]
@@ -314,6 +333,13 @@ class GraphPartyRun:
             raise ValueError(f"extractor {cfg.extractor.name} must declare one rule for each of train and eval, got {kinds}")
         if plan.one_shot_releases and "one-shot" not in kinds:
             raise ValueError(f"extractor {cfg.extractor.name} plans one-shot releases but declares no rule for them")
+        if plan.pre_train_releases and "pre-train" not in kinds:
+            raise ValueError(f"extractor {cfg.extractor.name} plans pre-train releases but declares no rule for them")
+        if chooses_roots and any(r.kind == "train" and r.participation_bound is not None for r in plan.rules):
+            raise ValueError(
+                f"extractor {cfg.extractor.name} chooses its own roots, so its train rule must count every "
+                "release (participation_bound None): a root may recur within an epoch"
+            )
         if plan.stages and any(r.kind == "train" and r.mechanism != "no-op" for r in plan.rules):
             raise ValueError(f"extractor {cfg.extractor.name} has edge-free stages but a costly train rule")
 
@@ -373,13 +399,15 @@ class GraphPartyRun:
             "steps_per_epoch": roots.steps_per_epoch,
             "eval_chunks": roots.eval_chunks,
             "one_shot_releases": plan.one_shot_releases,
+            "pre_train_releases": plan.pre_train_releases,
+            "relation": _relation(extractor),
             "stages": [{"name": s.name, "epochs": s.epochs, "layers": s.layers} for s in plan.stages],
             **release.details,
         }
-        note = ""
+        note = f"Privacy unit: {_relation(extractor)}."
         if cfg.privacy.edge_sample_rate:
-            note = (
-                f"Credited: party A keeps a secret Poisson sample of the edges at rate "
+            note += (
+                f" Credited: party A keeps a secret Poisson sample of the edges at rate "
                 f"q={cfg.privacy.edge_sample_rate:g} for every release, drawn afresh per release and hidden from B."
             )
         self.accountant.create_run(
@@ -409,6 +437,7 @@ class GraphPartyRun:
     def _train_epochs(
         self, session_id: str, roots: RootPlan, release: Release, make: Callable[[torch.Tensor], torch.Tensor],
         optimizer: torch.optim.Optimizer | None, epochs: int, layers: int, pass_prefix: str, label: str,
+        batches: Batches = shuffled_batches,
     ) -> None:
         """``epochs`` passes over the train roots on B's session ``session_id``."""
         cfg = self.config
@@ -419,8 +448,10 @@ class GraphPartyRun:
         step = 0
         try:
             for epoch in range(epochs):
-                order = roots.train_ids[torch.randperm(roots.train_ids.numel(), generator=root_order)]
-                for index, batch in enumerate(order.split(cfg.batch_size)):
+                index = 0
+                for batch in batches(roots.train_ids, cfg.batch_size, root_order):
+                    if batch.numel() == 0:
+                        continue
                     if self.cancelled():
                         raise Cancelled()
                     embeddings = self._charged_release(make, batch, release, f"{pass_prefix}-{epoch}", "train", index)
@@ -434,6 +465,7 @@ class GraphPartyRun:
                         embeddings.backward(gradient.to(self.device))
                         optimizer.step()
                     step += 1
+                    index += 1
                     self.steps_done += 1
                     self.report(ProgressEvent(
                         "train", epoch + 1, epochs, step, total, reply.loss, self.epsilon_spent, label,
@@ -464,6 +496,7 @@ class GraphPartyRun:
         self._train_epochs(
             self.run_id, roots, release, lambda batch: extractor.release(batch, "train"), optimizer,
             self.config.epochs, extractor.output_layers, "train", "",
+            getattr(extractor, "root_batches", shuffled_batches),
         )
 
     def _check_reply(self, reply: lp_pb.TrainStepReply, session_id: str, step: int, shape: tuple[int, ...]) -> torch.Tensor:

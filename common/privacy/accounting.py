@@ -15,6 +15,10 @@ names the one that actually produced its number (docs/accounting.md):
       finest within :data:`PLD_MAX_SINGLE_POINTS` and :data:`PLD_MAX_COMPOSED_POINTS`
       when 1e-4 is not; still pessimistic, so still an upper bound.
     * ``rdp-fallback``: when even 2e-3 is too large, dp-accounting's RDP accountant.
+    * ``pld`` also covers ``MixtureOfGaussiansDpEvent`` (a Gaussian whose sensitivity is
+      random, docs/extractors/heterpoisson.md) with dp-accounting's mixture PLD; there is
+      no RDP of a mixture here, so such an event has no ``rdp-fallback``: the PLD ladder
+      ends at its coarsest interval, and the ``rdp`` accountant refuses it.
     * ``rdp-zcdp``: an event containing a ``ZCDpEvent`` (exponential-mechanism rounds,
       docs/extractors/dpar.md) has no privacy loss distribution here, so the whole
       composition is accounted by dp-accounting's RDP accountant (ρα + ξ at each order).
@@ -39,6 +43,7 @@ from typing import Literal, get_args
 
 import dp_accounting as dpa
 import numpy as np
+from dp_accounting.dp_event import MixtureOfGaussiansDpEvent
 from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.pld import privacy_loss_mechanism as loss_lib
@@ -228,12 +233,18 @@ class _TooLarge(Exception):
 
 @dataclass(frozen=True)
 class _Leaf:
-    """One mechanism of a composition: ``count`` runs of ``kind`` sampled with probability ``q``."""
+    """One mechanism of a composition: ``count`` runs of ``kind`` sampled with probability ``q``.
 
-    kind: Literal["gaussian", "laplace"]
+    A ``mixture`` leaf is a Gaussian of std ``parameter`` whose sensitivity is
+    ``sensitivities[i]`` with probability ``probabilities[i]``.
+    """
+
+    kind: Literal["gaussian", "laplace", "mixture"]
     parameter: float
     q: float
     count: int
+    sensitivities: tuple[float, ...] = ()
+    probabilities: tuple[float, ...] = ()
 
 
 def _leaves(event: dpa.DpEvent, count: int = 1) -> list[_Leaf]:
@@ -248,6 +259,13 @@ def _leaves(event: dpa.DpEvent, count: int = 1) -> list[_Leaf]:
         return [_Leaf("gaussian", event.noise_multiplier, 1.0, count)]
     if isinstance(event, dpa.LaplaceDpEvent):
         return [_Leaf("laplace", event.noise_multiplier, 1.0, count)]
+    if isinstance(event, MixtureOfGaussiansDpEvent):
+        if all(s == 0 for s in event.sensitivities):
+            return []
+        return [_Leaf(
+            "mixture", event.standard_deviation, 1.0, count,
+            tuple(float(s) for s in event.sensitivities), tuple(float(p) for p in event.sampling_probs),
+        )]
     if isinstance(event, dpa.PoissonSampledDpEvent):
         inner = event.event
         if event.sampling_probability == 0:
@@ -257,6 +275,10 @@ def _leaves(event: dpa.DpEvent, count: int = 1) -> list[_Leaf]:
         if isinstance(inner, dpa.LaplaceDpEvent):
             return [_Leaf("laplace", inner.noise_multiplier, event.sampling_probability, count)]
     raise ValueError(f"the PLD accountant cannot account for {type(event).__name__} here: {event}")
+
+
+def _single_run(leaf: _Leaf) -> _Leaf:
+    return _Leaf(leaf.kind, leaf.parameter, leaf.q, 1, leaf.sensitivities, leaf.probabilities)
 
 
 def _merge_unsampled_gaussians(leaves: list[_Leaf]) -> list[_Leaf]:
@@ -277,11 +299,15 @@ def _single_points(leaf: _Leaf, interval: float) -> int:
     Computed from the loss bounds alone, before anything is built.
     """
     adjacencies = [loss_lib.AdjacencyType.REMOVE]
-    if leaf.q < 1.0:
-        adjacencies.append(loss_lib.AdjacencyType.ADD)  # Poisson sampling makes the PLD asymmetric
+    if leaf.q < 1.0 or leaf.kind == "mixture":
+        adjacencies.append(loss_lib.AdjacencyType.ADD)  # sampling (or a mixture) makes the PLD asymmetric
     points = 0
     for adjacency in adjacencies:
-        if leaf.kind == "gaussian":
+        if leaf.kind == "mixture":
+            loss = loss_lib.MixtureGaussianPrivacyLoss(
+                leaf.parameter, leaf.sensitivities, leaf.probabilities, adjacency_type=adjacency
+            )
+        elif leaf.kind == "gaussian":
             loss = loss_lib.GaussianPrivacyLoss(leaf.parameter, sampling_prob=leaf.q, adjacency_type=adjacency)
         else:
             loss = loss_lib.LaplacePrivacyLoss(leaf.parameter, sampling_prob=leaf.q, adjacency_type=adjacency)
@@ -327,11 +353,21 @@ _FULL = _Limits(PLD_MAX_SINGLE_POINTS, PLD_MAX_COMPOSED_POINTS)
 _UNLIMITED = _Limits(math.inf, math.inf)
 
 
-def _leaf_pld(leaf: _Leaf, interval: float, limits: _Limits) -> pld_lib.PrivacyLossDistribution:
-    if _single_points(leaf, interval) > limits.single:
-        raise _TooLarge
+@lru_cache(maxsize=64)
+def _single_pld(leaf: _Leaf, interval: float) -> pld_lib.PrivacyLossDistribution:
+    """One run's PLD; cached because a per-step ledger re-composes the same mechanism."""
+    if leaf.kind == "mixture":
+        return pld_lib.from_mixture_gaussian_mechanism(
+            leaf.parameter, leaf.sensitivities, leaf.probabilities, value_discretization_interval=interval
+        )
     make = pld_lib.from_gaussian_mechanism if leaf.kind == "gaussian" else pld_lib.from_laplace_mechanism
-    single = make(leaf.parameter, value_discretization_interval=interval, sampling_prob=leaf.q)
+    return make(leaf.parameter, value_discretization_interval=interval, sampling_prob=leaf.q)
+
+
+def _leaf_pld(leaf: _Leaf, interval: float, limits: _Limits) -> pld_lib.PrivacyLossDistribution:
+    if _single_points(_single_run(leaf), interval) > limits.single:
+        raise _TooLarge
+    single = _single_pld(_single_run(leaf), interval)
     if leaf.count == 1:
         return single
     if _composed_points(single, leaf.count) > limits.composed:
@@ -377,7 +413,7 @@ def _pld_epsilon(event: dpa.DpEvent, delta: float) -> EpsilonResult:
     if _rdp_supports(event):
         epsilon, order = _rdp(event, delta, RDP_ORDERS)
         return EpsilonResult(epsilon, "rdp-fallback", order=order)
-    # Poisson-sampled Laplace has no RDP here: the coarsest PLD, whatever its size
+    # Poisson-sampled Laplace and mixtures have no RDP here: the coarsest PLD, whatever its size
     interval = PLD_COARSE_INTERVALS[-1]
     return EpsilonResult(_pld_epsilon_at(leaves, delta, interval, _UNLIMITED), "pld-coarse", discretization=interval)
 
@@ -440,6 +476,7 @@ def clear_cache() -> None:
     """Forget memoised ε values and RDP curves (benchmarks time cold evaluations)."""
     _epsilon_cached.cache_clear()
     _mechanism_rdp.cache_clear()
+    _single_pld.cache_clear()
 
 
 # -- calibration ---------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 
 import attr
 import dp_accounting as dpa
+from dp_accounting.dp_event import MixtureOfGaussiansDpEvent  # not re-exported by dp-accounting 0.6.0
 
 
 class EventError(ValueError):
@@ -31,8 +32,35 @@ _EVENT_TYPES: dict[str, type[dpa.DpEvent]] = {
         dpa.ComposedDpEvent,
         dpa.PoissonSampledDpEvent,
         dpa.ZCDpEvent,  # (ξ, ρ)-zCDP: exponential-mechanism rounds (docs/extractors/dpar.md)
+        MixtureOfGaussiansDpEvent,  # random sensitivity (docs/extractors/heterpoisson.md)
     )
 }
+
+
+# a mixture's support is bounded by a batch size; far more components is a malformed event
+MAX_MIXTURE_COMPONENTS = 100_000
+
+
+def check_mixture(sensitivities: Any, probabilities: Any) -> None:
+    """A MixtureOfGaussians' support: finite sensitivities ≥ 0 and probabilities summing to 1."""
+    if not isinstance(sensitivities, (list, tuple)) or not isinstance(probabilities, (list, tuple)):
+        raise EventError("a mixture's sensitivities and sampling_probs must be lists")
+    if not sensitivities or len(sensitivities) != len(probabilities):
+        raise EventError(
+            f"a mixture needs as many sampling_probs as sensitivities, and at least one: "
+            f"got {len(sensitivities)} and {len(probabilities)}"
+        )
+    if len(sensitivities) > MAX_MIXTURE_COMPONENTS:
+        raise EventError(f"a mixture of {len(sensitivities)} components exceeds {MAX_MIXTURE_COMPONENTS}")
+    for name, values, high in (("sensitivities", sensitivities, math.inf), ("sampling_probs", probabilities, 1.0)):
+        for value in values:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise EventError(f"mixture {name} must be finite numbers, got {value!r}")
+            if not 0.0 <= value <= high:
+                raise EventError(f"mixture {name} value {value} is outside [0, {high}]")
+    total = math.fsum(probabilities)
+    if abs(total - 1.0) > 1e-9:
+        raise EventError(f"mixture sampling_probs must sum to 1, they sum to {total!r}")
 
 
 def _to_data(event: dpa.DpEvent) -> dict[str, Any]:
@@ -44,8 +72,9 @@ def _to_data(event: dpa.DpEvent) -> dict[str, Any]:
         value = getattr(event, field.name)
         if isinstance(value, dpa.DpEvent):
             value = _to_data(value)
-        elif isinstance(value, list):
-            value = [_to_data(v) for v in value]
+        elif isinstance(value, (list, tuple)):
+            # ComposedDpEvent.events, or a mixture's numbers
+            value = [_to_data(v) if isinstance(v, dpa.DpEvent) else float(v) for v in value]
         data[field.name] = value
     return data
 
@@ -80,6 +109,13 @@ def _from_data(data: Any) -> dpa.DpEvent:
         return cls(noise_multiplier=_number(data, "noise_multiplier", low=0.0))
     if cls is dpa.LaplaceDpEvent:
         return cls(noise_multiplier=_number(data, "noise_multiplier", low=0.0))
+    if cls is MixtureOfGaussiansDpEvent:
+        check_mixture(data["sensitivities"], data["sampling_probs"])
+        return cls(
+            standard_deviation=_number(data, "standard_deviation", low=0.0),
+            sensitivities=[float(v) for v in data["sensitivities"]],
+            sampling_probs=[float(v) for v in data["sampling_probs"]],
+        )
     if cls is dpa.ZCDpEvent:
         return cls(rho=_number(data, "rho", low=0.0), xi=_number(data, "xi", low=0.0))
     if cls is dpa.PoissonSampledDpEvent:

@@ -1,6 +1,6 @@
 """Ledger records and the rule that turns them into ε.
 
-A run declares, per kind of release (``train``, ``eval``, ``one-shot``), one per-release DpEvent and
+A run declares, per kind of release (``train``, ``eval``, ``one-shot``, ``pre-train``), one per-release DpEvent and
 a participation bound N_e. Releases are grouped into passes (one training epoch, one
 evaluation sweep), and within a pass a node is a root at most once, so a single edge
 can influence at most N_e releases of a pass (docs/privacy.md, section 4). The first
@@ -27,17 +27,18 @@ from collections.abc import Iterable, Mapping
 from typing import Literal
 
 import dp_accounting as dpa
+from dp_accounting.dp_event import MixtureOfGaussiansDpEvent  # not re-exported by dp-accounting 0.6.0
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from vesper.common.privacy.accounting import epsilon_of
-from vesper.common.privacy.events import EventError, event_from_json
+from vesper.common.privacy.events import EventError, check_mixture, event_from_json
 from vesper.common.privacy.theorem21 import hidden_batch_bound6_epsilon
 
 RunState = Literal["active", "completed", "failed", "refused", "cancelled"]
-Kind = Literal["train", "eval", "one-shot"]
+Kind = Literal["train", "eval", "one-shot", "pre-train"]
 AccountingMode = Literal["visible-batch", "hidden-batch"]
 AccountantName = Literal["pld", "rdp"]
-KINDS: tuple[Kind, ...] = ("train", "eval", "one-shot")
+KINDS: tuple[Kind, ...] = ("train", "eval", "one-shot", "pre-train")
 
 
 class _Record(BaseModel):
@@ -85,30 +86,56 @@ class PlanRule(_Record):
     ``exponential``: one round of an exponential mechanism whose bounded-range parameter
     is ε0 = 1/(noise_scale·z); an ε0-bounded-range mechanism is ε0²/8-zCDP (Cesar & Rogers
     2021), so the event is ``ZCDpEvent(ε0²/8)`` (docs/extractors/dpar.md, section 4).
+
+    ``mixture-of-gaussians``: a Gaussian of std noise_scale·z whose sensitivity is random,
+    ``sensitivities[i]`` with probability ``sampling_probs[i]`` (dp-accounting's
+    MixtureOfGaussiansDpEvent; PLD only). HeterPoisson's per-step release
+    (docs/extractors/heterpoisson.md).
+
+    ``repeats``: one release made of that many runs of the mechanism, charged before the
+    first (e.g. a chunk of private pre-training steps that never leave party A):
+    ``SelfComposed(event, repeats)``.
     """
 
     kind: Kind
     participation_bound: int | None = Field(ge=0)
     sampling_probability: float = Field(1.0, gt=0.0, le=1.0)
     noise_scale: float = Field(1.0, gt=0.0)
-    mechanism: Literal["gaussian", "exponential", "no-op"] = Field(
+    mechanism: Literal["gaussian", "exponential", "mixture-of-gaussians", "no-op"] = Field(
         "gaussian",
         description="gaussian: Gaussian(noise_scale·z); exponential: ZCDp(ε0²/8) with ε0 = 1/(noise_scale·z); "
+        "mixture-of-gaussians: MoG(noise_scale·z, sensitivities, sampling_probs); "
         "no-op: post-processing of charged releases",
     )
+    sensitivities: list[float] = Field(default_factory=list, description="mixture-of-gaussians only")
+    sampling_probs: list[float] = Field(default_factory=list, description="mixture-of-gaussians only")
+    repeats: int = Field(1, ge=1, description="mechanism runs per release: SelfComposed(event, repeats)")
 
     @model_validator(mode="after")
-    def _unsampled_exponential(self) -> PlanRule:
-        if self.mechanism == "exponential" and self.sampling_probability < 1.0:
-            raise ValueError("an exponential-mechanism rule cannot be Poisson-sampled: no accountant here covers it")
+    def _consistent(self) -> PlanRule:
+        if self.mechanism in ("exponential", "mixture-of-gaussians") and self.sampling_probability < 1.0:
+            raise ValueError(f"a {self.mechanism} rule cannot be Poisson-sampled: no accountant here covers it")
+        mixture = self.mechanism == "mixture-of-gaussians"
+        if mixture != bool(self.sensitivities) or mixture != bool(self.sampling_probs):
+            raise ValueError("sensitivities and sampling_probs are given exactly for mixture-of-gaussians rules")
+        if mixture:
+            check_mixture(self.sensitivities, self.sampling_probs)
         return self
 
     def event(self, z: float) -> dpa.DpEvent:
+        base = self._single_event(z)
+        if self.repeats == 1 or isinstance(base, dpa.NoOpDpEvent):
+            return base
+        return dpa.SelfComposedDpEvent(base, self.repeats)
+
+    def _single_event(self, z: float) -> dpa.DpEvent:
         if self.mechanism == "no-op":
             return dpa.NoOpDpEvent()
         if self.mechanism == "exponential":
             epsilon0 = 1.0 / (self.noise_scale * z)
             return dpa.ZCDpEvent(rho=epsilon0 * epsilon0 / 8.0)
+        if self.mechanism == "mixture-of-gaussians":
+            return MixtureOfGaussiansDpEvent(self.noise_scale * z, list(self.sensitivities), list(self.sampling_probs))
         gaussian = dpa.GaussianDpEvent(self.noise_scale * z)
         if self.sampling_probability >= 1.0:
             return gaussian
@@ -213,8 +240,9 @@ def check_hidden_batch_events(events: Mapping[str, dpa.DpEvent]) -> None:
     evaluation = events.get("eval", dpa.NoOpDpEvent())
     if not isinstance(evaluation, (dpa.NoOpDpEvent, dpa.NonPrivateDpEvent, dpa.GaussianDpEvent)):
         raise ValueError("hidden-batch evaluation releases must be Gaussian events (nothing hides them)")
-    if "one-shot" in events:
-        raise ValueError("hidden-batch covers per-step extractors only: bound (6) has no term for one-shot releases")
+    for kind in ("one-shot", "pre-train"):
+        if kind in events:
+            raise ValueError(f"hidden-batch covers per-step extractors only: bound (6) has no term for {kind} releases")
 
 
 def bound6_epsilon(events: Mapping[str, dpa.DpEvent], counted: Mapping[str, int], delta: float) -> tuple[float, int | None]:

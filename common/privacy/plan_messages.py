@@ -33,7 +33,8 @@ def rules_from_proto(messages: Iterable[pb.ChargeRule]) -> list[ChargeRule]:
 def plan_rule_to_proto(rule: PlanRule) -> pb.PlanRule:
     message = pb.PlanRule(
         kind=rule.kind, sampling_probability=rule.sampling_probability, noise_scale=rule.noise_scale,
-        mechanism=rule.mechanism,
+        mechanism=rule.mechanism, sensitivities=rule.sensitivities, sampling_probs=rule.sampling_probs,
+        repeats=rule.repeats,
     )
     if rule.participation_bound is not None:
         message.participation_bound = rule.participation_bound
@@ -46,7 +47,8 @@ def plan_rules_from_proto(messages: Iterable[pb.PlanRule]) -> list[PlanRule]:
         PlanRule(
             kind=m.kind, participation_bound=_optional(m, "participation_bound"),
             sampling_probability=m.sampling_probability or 1.0, noise_scale=m.noise_scale or 1.0,
-            mechanism=m.mechanism or "gaussian",
+            mechanism=m.mechanism or "gaussian", sensitivities=list(m.sensitivities),
+            sampling_probs=list(m.sampling_probs), repeats=m.repeats or 1,
         )
         for m in messages
     ]

@@ -9,9 +9,12 @@ checkpoints and summaries. A run goes through an extractor in this order::
     ex.output_layers                   # L' of every release (B builds its decoder for it)
     plan = ex.charge_plan(roots)       # DpEvent of each kind of release, as PlanRules of z
     ex.bind(z)                         # the calibrated z (None: no noise is ever added)
-    ex.prepare(session)                # optional stages before training: edge-free
-                                       # pre-training with B, one-shot releases (charged
-                                       # through the session before any use)
+    ex.prepare(session)                # optional stages before training: private
+                                       # pre-training inside A, edge-free training with B,
+                                       # one-shot releases (all charged through the session
+                                       # before any use)
+    ex.root_batches(train_ids, ...)    # per epoch: the roots of each step (default: a
+                                       # shuffled split into batches)
     ex.release(roots, "train")         # per step; the trainer charges, then sends
     ex.release(roots, "eval")          # per evaluation chunk; likewise
 
@@ -23,6 +26,10 @@ Kinds of release (ledger rows, one PlanRule each):
 * ``one-shot``: releases made once before training (GAP's K noisy hops, DPAR's private
   top-K neighbourhoods), charged through :meth:`PrepareSession.charge_one_shot`
   before the released data is used for anything that reaches B.
+* ``pre-train``: private training steps inside A whose noisy outputs never leave A
+  (relational pre-training's DP-SGD chunks), charged through
+  :meth:`PrepareSession.charge_pre_train` before each chunk runs. Since B never sees
+  them, their sampling may be credited (Poisson-sampled events).
 
 A method is registered under the entry-point group ``vesper.extractors``; the entry
 point names a class implementing :class:`Extractor` (usually a subclass of
@@ -66,6 +73,8 @@ class ExtractorSpec(BaseModel):
     params: type[BaseModel] = NoParams  # extractor.params, validated by this model
     uses: tuple[str, ...] = ()  # which shared extractor.* fields it reads (layers, dim, fanout, ...)
     accountings: tuple[str, ...] = ("visible-batch",)
+    accountants: tuple[str, ...] = ("pld", "rdp")  # privacy.accountant values its DpEvents support
+    relation: str = ""  # the neighbouring relation in words, recorded with every run (default by unit)
     edge_sampling: bool = False  # whether privacy.edge_sample_rate is supported
     docs: str = ""  # path of its docs page, relative to the repository
 
@@ -98,9 +107,10 @@ class Stage:
 class ChargePlan:
     """What each kind of release costs, as a function of the run's z."""
 
-    rules: list[PlanRule]  # one per kind: train and eval always, one-shot if any
+    rules: list[PlanRule]  # one per kind: train and eval always, one-shot and pre-train if any
     sensitivity: float  # the S that reported θ = z · S refers to (0 when nothing is noised)
     one_shot_releases: int = 0  # releases of the single one-shot pass
+    pre_train_releases: int = 0  # releases of the single pre-train pass (before the one-shot pass)
     stages: tuple[Stage, ...] = ()
     participation_bound: int | None = None  # N_e of the train rule, for the summary
     details: dict[str, Any] = field(default_factory=dict)  # recorded with the run
@@ -108,6 +118,8 @@ class ChargePlan:
     def passes(self, epochs: int, roots: RootPlan) -> list[PlannedPass]:
         """Every pass the run will make, in order: what calibration must cover."""
         passes: list[PlannedPass] = []
+        if self.pre_train_releases:
+            passes.append(PlannedPass(kind="pre-train", releases=self.pre_train_releases))
         if self.one_shot_releases:
             passes.append(PlannedPass(kind="one-shot", releases=self.one_shot_releases))
         for stage in self.stages:
@@ -141,6 +153,12 @@ class PrepareSession(Protocol):
 
         Raises the trainer's BudgetRefused when the budget cannot cover it; the
         extractor must then not use what it computed.
+        """
+
+    def charge_pre_train(self, index: int, node_ids: torch.Tensor) -> None:
+        """Write-ahead charge of pre-train release ``index`` (0-based), before it runs.
+
+        Raises the trainer's BudgetRefused when the budget cannot cover it.
         """
 
     def train_stage(
@@ -182,6 +200,13 @@ class Extractor(Protocol):
     def trainable_parameters(self) -> list[nn.Parameter]:
         """What B's gradients update (empty: nothing; B's gradient is then discarded)."""
 
+    def root_batches(self, train_ids: torch.Tensor, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
+        """The roots of each training step of one epoch (empty batches are skipped).
+
+        Overriding the default requires ``participation_bound=None`` on the train rule:
+        the ledger's per-pass counting assumes each root at most once per epoch.
+        """
+
     def train(self, mode: bool = True) -> Any: ...
 
     def state_dict(self) -> dict[str, Any]: ...
@@ -220,12 +245,34 @@ class ExtractorBase(nn.Module):
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
 
+    def root_batches(self, train_ids: torch.Tensor, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
+        return shuffled_batches(train_ids, batch_size, generator)
+
     def gaussian_noise(self, shape: torch.Size | tuple[int, ...], std: float) -> torch.Tensor:
         """N(0, std² I) from A's secret noise generator, on A's device."""
         return std * torch.randn(
             tuple(shape), generator=self.setup.noise_generator, device=self.setup.device,
             dtype=self.setup.features.dtype,
         )
+
+
+def shuffled_batches(train_ids: torch.Tensor, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """Every train root once per epoch, in a random order, ``batch_size`` at a time."""
+    order = train_ids[torch.randperm(train_ids.numel(), generator=generator)]
+    return list(order.split(batch_size))
+
+
+def overrides_root_batches(extractor: object) -> bool:
+    """Whether an extractor chooses its own roots (its train rule must count every release)."""
+    method = getattr(type(extractor), "root_batches", None)
+    return method is not None and method is not ExtractorBase.root_batches
+
+
+def default_relation(unit: str) -> str:
+    return {
+        "edge": "edge-level: the neighbouring graph adds or removes one edge",
+        "node": "node-level: the neighbouring graph removes one node's features and all its edges",
+    }.get(unit, unit)
 
 
 def post_processing_rules(kinds: Iterable[str] = ("train", "eval")) -> list[PlanRule]:

@@ -84,6 +84,11 @@ def validated_params(spec: ExtractorSpec, config: RunConfig) -> BaseModel:
         raise ValueError(
             f"extractor {spec.name} supports accounting {', '.join(spec.accountings)}, not {privacy.accounting}"
         )
+    if privacy.accountant not in spec.accountants:
+        raise ValueError(
+            f"extractor {spec.name}'s releases can be accounted by {', '.join(spec.accountants)} only, "
+            f"not by privacy.accountant={privacy.accountant}"
+        )
     if privacy.edge_sample_rate is not None and not spec.edge_sampling:
         raise ValueError(f"extractor {spec.name} does not support privacy.edge_sample_rate")
     try:

@@ -15,18 +15,24 @@ class PlannedPass(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., releases: _Optional[int] = ...) -> None: ...
 
 class PlanRule(_message.Message):
-    __slots__ = ("kind", "participation_bound", "sampling_probability", "noise_scale", "mechanism")
+    __slots__ = ("kind", "participation_bound", "sampling_probability", "noise_scale", "mechanism", "sensitivities", "sampling_probs", "repeats")
     KIND_FIELD_NUMBER: _ClassVar[int]
     PARTICIPATION_BOUND_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
     NOISE_SCALE_FIELD_NUMBER: _ClassVar[int]
     MECHANISM_FIELD_NUMBER: _ClassVar[int]
+    SENSITIVITIES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_PROBS_FIELD_NUMBER: _ClassVar[int]
+    REPEATS_FIELD_NUMBER: _ClassVar[int]
     kind: str
     participation_bound: int
     sampling_probability: float
     noise_scale: float
     mechanism: str
-    def __init__(self, kind: _Optional[str] = ..., participation_bound: _Optional[int] = ..., sampling_probability: _Optional[float] = ..., noise_scale: _Optional[float] = ..., mechanism: _Optional[str] = ...) -> None: ...
+    sensitivities: _containers.RepeatedScalarFieldContainer[float]
+    sampling_probs: _containers.RepeatedScalarFieldContainer[float]
+    repeats: int
+    def __init__(self, kind: _Optional[str] = ..., participation_bound: _Optional[int] = ..., sampling_probability: _Optional[float] = ..., noise_scale: _Optional[float] = ..., mechanism: _Optional[str] = ..., sensitivities: _Optional[_Iterable[float]] = ..., sampling_probs: _Optional[_Iterable[float]] = ..., repeats: _Optional[int] = ...) -> None: ...
 
 class ReleasePlan(_message.Message):
     __slots__ = ("passes", "rules")
