@@ -45,6 +45,9 @@ class AccountantClient:
     """
 
     RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+    # Calibrating a plan is a search over ε(z); a mixture-of-Gaussians plan builds several
+    # PLDs point by point (docs/accounting.md) and can take minutes on a loaded host.
+    PLAN_TIMEOUT_S = 600.0
 
     def __init__(
         self, address: str, charge_token: str | None, timeout_s: float = 30.0, charge_retries: int = 5
@@ -59,7 +62,7 @@ class AccountantClient:
     def close(self) -> None:
         self._channel.close()
 
-    def _call(self, what: str, method, request, *, spend: bool = False, retries: int = 0):
+    def _call(self, what: str, method, request, *, spend: bool = False, retries: int = 0, timeout_s: float | None = None):
         if spend and not self._metadata:
             raise PeerError(
                 f"cannot {what}: party A has no charge token for the accountant at {self.address} "
@@ -67,7 +70,7 @@ class AccountantClient:
             )
         for attempt in range(retries + 1):
             try:
-                return method(request, timeout=self.timeout_s, metadata=self._metadata if spend else ())
+                return method(request, timeout=timeout_s or self.timeout_s, metadata=self._metadata if spend else ())
             except grpc.RpcError as error:
                 if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                     raise BudgetRefused(error.details()) from None
@@ -86,7 +89,7 @@ class AccountantClient:
             mechanism="gaussian", plan=plan,
             target_epsilon=target_epsilon, delta=delta, accounting=accounting, accountant=accountant,
         )
-        return self._call("calibrate the noise", self._stub.Calibrate, request)
+        return self._call("calibrate the noise", self._stub.Calibrate, request, timeout_s=self.PLAN_TIMEOUT_S)
 
     def estimate(
         self, rules: list[ChargeRule], passes: list[PlannedPass], delta: float, accounting: str, accountant: str
@@ -95,7 +98,7 @@ class AccountantClient:
             rules=[rule_to_proto(r) for r in rules], passes=passes_to_proto(passes), delta=delta,
             accounting=accounting, accountant=accountant,
         )
-        return self._call("estimate the plan's epsilon", self._stub.Estimate, request)
+        return self._call("estimate the plan's epsilon", self._stub.Estimate, request, timeout_s=self.PLAN_TIMEOUT_S)
 
     def create_run(
         self, run_id: str, epsilon_budget: float, delta: float, rules: list[ChargeRule], extractor: str,
