@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench-accounting bench-extractors proto check-proto clean
+.PHONY: demo test bench-accounting bench-extractors bench-extractors-sweep proto check-proto clean
 TOLOKERS ?= ../shared/data/tolokers.npz
 
 $(STAMP): pyproject.toml
@@ -31,6 +31,13 @@ bench-accounting: $(STAMP)
 bench-extractors: $(STAMP)
 	$(BIN)/vesper bench extractors --dataset cora --dataset $(TOLOKERS) --epsilon 4 --seeds 5 \
 		--out docs/extractors/results
+
+# relational pre-training and HeterPoisson beside the MLP and GAP (the best of the first
+# extractors) at epsilon 1, 4 and 8, 5 seeds, two runs at a time (resumable; docs/extractors/sweep/)
+bench-extractors-sweep: $(STAMP)
+	$(BIN)/vesper bench extractors --dataset cora --dataset $(TOLOKERS) \
+		--extractor mlp --extractor gap --extractor relational --extractor relational-gap --extractor heterpoisson \
+		--epsilon 1 --epsilon 4 --epsilon 8 --seeds 5 --jobs 2 --out docs/extractors/sweep
 
 proto: $(STAMP)
 	$(BIN)/python -m vesper.proto.generate

@@ -38,6 +38,11 @@ RECIPES: dict[str, dict[str, Any]] = {
     "vfgnn": {},
     "dpar-edge": {},
     "dpar-node": {},
+    # pre-training makes the VFL epochs free; fewer epochs keep the classifier off the noise
+    "relational": {"epochs": 20},
+    "relational-gap": {"extractor.layers": 1, "epochs": 20},
+    # every step is charged at node level: few, large steps (docs/extractors/heterpoisson.md)
+    "heterpoisson": {"epochs": 5, "batch_size": 512, "extractor.dim": 16},
 }
 
 

@@ -43,7 +43,12 @@ def test_demo_trains_reports_and_shuts_down(tmp_path: Path) -> None:
 
 
 # small settings keep each run short; the extractors' own tests cover their defaults
-QUICK = {"gap": ["--param", "encoder_epochs=2"], "vfgnn": [], "dpar-edge": [], "dpar-node": ["--param", "train_encoder=false"]}
+QUICK = {
+    "gap": ["--param", "encoder_epochs=2"], "vfgnn": [], "dpar-edge": [], "dpar-node": ["--param", "train_encoder=false"],
+    "relational": ["--param", "pretrain_steps=10"],
+    "relational-gap": ["--param", "pretrain_steps=10", "--param", "encoder_epochs=2"],
+    "heterpoisson": ["--batch-size", "512", "--dim", "16"],
+}
 
 
 @pytest.mark.parametrize("extractor", list(QUICK))
