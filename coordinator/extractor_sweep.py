@@ -238,7 +238,7 @@ def plot(
                 continue
             if free:
                 cell = points[0][1]
-                axis.axhline(cell.mean, color="tab:red" if extractor == "mlp" else "grey", linestyle="--",
+                axis.axhline(cell.mean, color="black" if extractor == "mlp" else "grey", linestyle="--",
                              label=f"{extractor} (no edges)")
                 continue
             axis.errorbar([e for e, _ in points], [c.mean for _, c in points], yerr=[c.std for _, c in points],
