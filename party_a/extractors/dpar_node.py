@@ -61,6 +61,7 @@ from vesper.party_a.extractors.base import (
     ReleaseKind,
     RootPlan,
 )
+from vesper.party_a.extractors.private_backward import PrivateBackward
 from vesper.party_a.graph_store import Graph
 
 EMBEDDING_NORM = 1.0  # ‖h_u‖ ≤ 1 (E1): the encoder's output is projected onto the unit sphere
@@ -412,25 +413,6 @@ class _Step:
     weights: torch.Tensor  # [B, K+1]
 
 
-class _DpSgd(torch.autograd.Function):
-    """Identity on the (already noised) release; its backward is step 4's noisy gradient.
-
-    The trainer back-propagates B's gradient into the release and steps its optimiser;
-    this backward replaces the exact gradient by (G2), so A's parameters only ever see
-    noised, node-clipped gradients (None until a DP-SGD update is complete).
-    """
-
-    @staticmethod
-    def forward(ctx: Any, released: torch.Tensor, step: _Step, *params: torch.Tensor) -> torch.Tensor:
-        ctx.step = step
-        return released.clone()
-
-    @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        step: _Step = ctx.step
-        return (None, None, *step.extractor.private_gradient(step, grad_output))
-
-
 class DparNodeExtractor(ExtractorBase):
     """Node-level DPAR: one-shot DP-APPR neighbourhoods, then DP-SGD with a noised forward release."""
 
@@ -570,7 +552,7 @@ class DparNodeExtractor(ExtractorBase):
         released = released.unsqueeze(-1)
         if kind != "train" or not self.params.train_encoder or not torch.is_grad_enabled():
             return released
-        return _DpSgd.apply(released, _Step(self, unique, slots, weights), *self.encoder.parameters())
+        return PrivateBackward.apply(released, _Step(self, unique, slots, weights), *self.encoder.parameters())
 
     def private_gradient(self, step: _Step, grad_output: torch.Tensor) -> list[torch.Tensor | None]:
         """Step 4 (G1-G2): node-clipped gradients summed over ``dp_batch`` roots, then noised once.

@@ -62,6 +62,7 @@ from vesper.party_a.extractors.heterpoisson_sampler import (
     poisson_root_batches,
     secret_coins,
 )
+from vesper.party_a.extractors.private_backward import PrivateBackward
 
 RELATION = (
     "node-level, replace-with-null: the neighbouring graph keeps the node's public id but gives it zero "
@@ -222,24 +223,6 @@ class _Step:
     a: torch.Tensor  # [B, F] their sub-graphs' neighbour means
 
 
-class _DpSgd(torch.autograd.Function):
-    """Identity on the (already noised) release; its backward is (G1-G2)'s noisy gradient.
-
-    The trainer back-propagates B's gradient into the release and steps its optimiser, so
-    A's parameters only ever see the clipped, noised gradient of (G2).
-    """
-
-    @staticmethod
-    def forward(ctx: Any, released: torch.Tensor, step: _Step, *params: torch.Tensor) -> torch.Tensor:
-        ctx.step = step
-        return released.clone()
-
-    @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        step: _Step = ctx.step
-        return (None, None, *step.extractor.private_gradient(step, grad_output))
-
-
 class HeterPoissonExtractor(ExtractorBase):
     """HeterPoisson sub-graphs per step: a noised forward release and a DP-SGD update of A's encoder."""
 
@@ -353,7 +336,7 @@ class HeterPoissonExtractor(ExtractorBase):
         released = released.unsqueeze(-1)
         if kind != "train" or not self.trains_encoder or not torch.is_grad_enabled():
             return released
-        return _DpSgd.apply(released, _Step(self, x, a), *self.encoder.parameters())
+        return PrivateBackward.apply(released, _Step(self, x, a), *self.encoder.parameters())
 
     def private_gradient(self, step: _Step, grad_output: torch.Tensor) -> list[torch.Tensor]:
         """(G1-G2): clipped per-sub-graph gradients, summed, noised once, divided by |R|."""
