@@ -101,6 +101,7 @@ PLD_MAX_COMPOSED_POINTS = 300_000
 # Cora plan (30 steps, 2 chunks) gives 10.2423 at 5e-4, 10.2424 at 5e-3, 10.2429 at 1e-2,
 # each pessimistic (an upper bound). Measured on this project's 2-core machine.
 MIXTURE_MAX_SINGLE_POINTS = 4_000
+MIXTURE_MAX_SCOUT_POINTS = 1_000  # the calibration scout only guides the search
 MIXTURE_EXTRA_INTERVALS: tuple[float, ...] = (5e-3, 1e-2, 2e-2)
 # dp-accounting's default: tail mass dropped by the FFT self-composition, counted into δ.
 _TAIL_MASS_TRUNCATION = 1e-15
@@ -374,7 +375,8 @@ def _single_pld(leaf: _Leaf, interval: float) -> pld_lib.PrivacyLossDistribution
 def _leaf_pld(leaf: _Leaf, interval: float, limits: _Limits) -> pld_lib.PrivacyLossDistribution:
     single_limit = limits.single
     if leaf.kind == "mixture" and limits is not _UNLIMITED:
-        single_limit = min(single_limit, MIXTURE_MAX_SINGLE_POINTS)
+        cap = MIXTURE_MAX_SCOUT_POINTS if limits is _SCOUT_LIMITS else MIXTURE_MAX_SINGLE_POINTS
+        single_limit = min(single_limit, cap)
     if _single_points(_single_run(leaf), interval) > single_limit:
         raise _TooLarge
     single = _single_pld(_single_run(leaf), interval)
