@@ -6,9 +6,9 @@ MixtureOfGaussians events over the dominating appearance law of Cora's degree ta
 (docs/extractors/heterpoisson.md, section 4), count every release, stay within ε, replay
 to the status's ε, and B must receive only training steps charged before they arrived.
 
-The noise multiplier is fixed (z = 40): calibrating a mixture plan through the
-accountant takes longer than its RPC deadline today (each mixture PLD costs ~0.5 ms per
-point in dp-accounting 0.6.0; see the docs page, section 7).
+The noise multiplier is fixed (z = 40) to keep this test short: calibrating a mixture
+plan builds several mixture PLDs point by point (~20 s; docs page, section 7).
+`tests/test_e2e_demo.py` runs `vesper demo --extractor heterpoisson`, which calibrates.
 """
 
 from __future__ import annotations
