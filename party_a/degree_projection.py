@@ -26,8 +26,7 @@ _KEY_BITS = 32  # pair_keys returns values in [0, 2**32)
 
 def _slot_endpoints(graph: Graph) -> tuple[torch.Tensor, torch.Tensor]:
     """(row, neighbour) of every CSR slot; each undirected edge owns two slots."""
-    rows = torch.repeat_interleave(torch.arange(graph.num_nodes, device=graph.device), graph.degree)
-    return rows, graph.indices
+    return graph.slot_rows, graph.indices
 
 
 def edge_priorities(seed: tuple[int, int], rows: torch.Tensor, neighbours: torch.Tensor) -> torch.Tensor:

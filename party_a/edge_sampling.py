@@ -22,7 +22,7 @@ class EdgeSubsampler:
             raise ValueError(f"the edge sample rate must be in (0, 1), got {rate}")
         self.graph = graph
         self.rate = rate
-        src = torch.repeat_interleave(torch.arange(graph.num_nodes, device=graph.device), graph.degree)
+        src = graph.slot_rows
         low = torch.minimum(src, graph.indices)
         high = torch.maximum(src, graph.indices)
         # both CSR slots of an undirected edge share one id, so both directions share one coin

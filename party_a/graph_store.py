@@ -26,6 +26,11 @@ class Graph:
         return self.indptr[1:] - self.indptr[:-1]
 
     @property
+    def slot_rows(self) -> torch.Tensor:
+        """The row (source node) of every CSR slot, aligned with ``indices``."""
+        return torch.repeat_interleave(torch.arange(self.num_nodes, device=self.device), self.degree)
+
+    @property
     def device(self) -> torch.device:
         return self.indices.device
 
@@ -55,7 +60,6 @@ def build_graph(edges: np.ndarray | torch.Tensor, num_nodes: int) -> Graph:
 
 def add_edge(graph: Graph, u: int, v: int) -> Graph:
     """The neighbouring graph with the undirected edge (u, v) added (tests and audits)."""
-    indptr, indices = graph.indptr.cpu(), graph.indices.cpu()
-    src = torch.repeat_interleave(torch.arange(graph.num_nodes), indptr[1:] - indptr[:-1])
-    edges = torch.stack([src, indices], 1)
+    cpu = graph.to("cpu")
+    edges = torch.stack([cpu.slot_rows, cpu.indices], 1)
     return build_graph(torch.cat([edges, torch.tensor([[u, v]])]), graph.num_nodes).to(graph.device)

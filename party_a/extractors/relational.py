@@ -195,8 +195,8 @@ def edge_candidates(graph: Graph) -> torch.Tensor:
     removal would move the clipped sum by 2C (docs, section 3.2). On the CPU, where A's
     sampling generator is.
     """
-    indptr, indices = graph.indptr.cpu(), graph.indices.cpu()
-    source = torch.repeat_interleave(torch.arange(graph.num_nodes), indptr[1:] - indptr[:-1])
+    cpu = graph.to("cpu")
+    source, indices = cpu.slot_rows, cpu.indices
     keep = source < indices
     return torch.stack([source[keep], indices[keep]], dim=1)
 
