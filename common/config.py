@@ -108,6 +108,72 @@ class PrivacyConfig(_Model):
         return value
 
 
+LabelPrivacyMode = Literal["none", "rr", "pate"]
+
+
+class PateConfig(_Model):
+    """DP-GPL's teacher ensemble at party B (docs/label-privacy.md)."""
+
+    teachers: int = Field(50, ge=2, le=100_000, description="N: disjoint groups of B's labelled nodes, one teacher each")
+    queries: int = Field(300, ge=1, le=1_000_000, description="Q: query nodes, drawn from B's validation split, the teachers label")
+    threshold: float | None = Field(
+        None, ge=0, description="T of Confident-GNMax, in votes; default 0.6·N"
+    )
+    sigma1: float | None = Field(None, gt=0, description="σ1, noise std of the threshold step; unset: calibrated")
+    sigma2: float | None = Field(None, gt=0, description="σ2, noise std of the GNMax step; unset: calibrated")
+    teacher_epochs: int = Field(200, ge=1, le=100_000, description="full-batch epochs of each teacher")
+    teacher_lr: float = Field(0.05, gt=0, le=10)
+    teacher_weight_decay: float = Field(1e-4, ge=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PateConfig:
+        if (self.sigma1 is None) != (self.sigma2 is None):
+            raise ValueError("label_privacy.pate: give both sigma1 and sigma2, or neither (calibrated together)")
+        if self.threshold is not None and self.threshold > self.teachers:
+            raise ValueError(
+                f"label_privacy.pate.threshold={self.threshold:g} exceeds the {self.teachers} teachers' votes: "
+                "no query could ever be answered"
+            )
+        return self
+
+
+class LabelPrivacyConfig(_Model):
+    """Protection of party B's labels against party A; B keeps its own ledger for it."""
+
+    mode: LabelPrivacyMode = Field(
+        "none", description="none, rr (randomised response, once) or pate (DP-GPL's teacher ensemble)"
+    )
+    epsilon: float = Field(math.inf, description="B's label budget; inf only with mode none")
+    delta: float | None = Field(None, description="default min(1e-5, 1/(B's labelled training nodes))")
+    accountant: AccountantName = Field("pld", description="accountant of B's label ledger: pld or rdp")
+    pate: PateConfig = PateConfig()
+
+    @field_validator("epsilon")
+    @classmethod
+    def _positive_epsilon(cls, value: float) -> float:
+        if math.isnan(value) or value <= 0:
+            raise ValueError("label_privacy.epsilon must be > 0")
+        return value
+
+    @field_validator("delta")
+    @classmethod
+    def _delta_range(cls, value: float | None) -> float | None:
+        if value is not None and not 0 < value < 1:
+            raise ValueError("label_privacy.delta must be in (0, 1)")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LabelPrivacyConfig:
+        if self.mode == "none" and not math.isinf(self.epsilon):
+            raise ValueError(
+                f"label_privacy.epsilon={self.epsilon:g} is set but label_privacy.mode is none: "
+                "choose rr or pate, or leave the label budget unset"
+            )
+        if self.mode != "none" and math.isinf(self.epsilon):
+            raise ValueError(f"label_privacy.mode={self.mode} needs a finite label_privacy.epsilon")
+        return self
+
+
 class RunConfig(_Model):
     """One training run, sent by the coordinator to party A."""
 
@@ -122,6 +188,12 @@ class RunConfig(_Model):
     extractor: ExtractorConfig = ExtractorConfig()
     decoder: DecoderConfig = DecoderConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
+    label_privacy: LabelPrivacyConfig = LabelPrivacyConfig()
+    record_gradients: bool = Field(
+        False,
+        description="party A keeps the gradients B sends in the last epoch (runs/<id>/gradients.npz), "
+        "for the label-leakage measurement",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
@@ -196,6 +268,20 @@ class PartyBConfig(_Model):
         None, description="JSONL file where B records every release it receives, before using it"
     )
     max_message_mb: int = Field(64, ge=1, le=2047)
+    accountant: str | None = Field(
+        None, description="the accountant's gRPC address, for B's own label ledger (needed for label privacy)"
+    )
+    accountant_status_url: str = Field("http://127.0.0.1:8080", description="the accountant's REST base URL")
+    accountant_token_file: Path | None = Field(
+        None, description="copy of the accountant's label charge token file; B's credential for its label ledger"
+    )
+    require_label_privacy: bool = Field(
+        False, description="refuse runs whose label_privacy.mode is none"
+    )
+    secret_seed: int | None = Field(
+        None,
+        description="seed of B's label-privacy randomness; unset = fresh OS randomness. Tests only: A must never learn it.",
+    )
 
 
 class AccountantConfig(_Model):
@@ -205,6 +291,10 @@ class AccountantConfig(_Model):
     charge_token_file: Path = Field(
         Path(".vesper/accountant/charge.token"),
         description="party A's credential for creating runs and charging; created (0600) if missing",
+    )
+    label_charge_token_file: Path = Field(
+        Path(".vesper/accountant/label-charge.token"),
+        description="party B's credential for its label ledgers (privacy unit label); created (0600) if missing",
     )
 
 
@@ -277,6 +367,12 @@ class RunSummary(_Model):
     one_shot_releases: int = Field(0, description="releases charged once before training (GAP's hops, DPAR's neighbourhoods)")
     pre_train_releases: int = Field(0, description="charges of A's private pre-training (each covers a chunk of steps)")
     relation: str = Field("", description="the neighbouring relation the guarantee is stated for")
+    label_privacy: str = Field("none", description="how B protected its labels: none, rr or pate")
+    label_run_id: str = Field("", description="B's label ledger at the accountant (a run of its own)")
+    label_epsilon_budget: float | None = None
+    label_epsilon_spent: float | None = Field(None, description="ε of B's label ledger, privacy unit: one label")
+    label_delta: float | None = None
+    label_note: str = Field("", description="what B's label mechanism did, e.g. queries answered")
     split: str = ""
     status_url: str = ""
     baseline: RunSummary | None = None

@@ -40,7 +40,7 @@ class Budget(_message.Message):
     def __init__(self, epsilon: _Optional[float] = ..., delta: _Optional[float] = ..., accounting: _Optional[str] = ..., status_url: _Optional[str] = ...) -> None: ...
 
 class SetupRunRequest(_message.Message):
-    __slots__ = ("run_id", "dataset", "decoder", "optimizer", "seed", "budget", "embedding_dim", "num_layers", "wire_dtype", "split_seed")
+    __slots__ = ("run_id", "dataset", "decoder", "optimizer", "seed", "budget", "embedding_dim", "num_layers", "wire_dtype", "split_seed", "label_privacy_json", "label_run_id")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     DECODER_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,8 @@ class SetupRunRequest(_message.Message):
     NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
     WIRE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     SPLIT_SEED_FIELD_NUMBER: _ClassVar[int]
+    LABEL_PRIVACY_JSON_FIELD_NUMBER: _ClassVar[int]
+    LABEL_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     dataset: str
     decoder: DecoderSpec
@@ -61,10 +63,12 @@ class SetupRunRequest(_message.Message):
     num_layers: int
     wire_dtype: _tensor_pb2.DType
     split_seed: int
-    def __init__(self, run_id: _Optional[str] = ..., dataset: _Optional[str] = ..., decoder: _Optional[_Union[DecoderSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., seed: _Optional[int] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., embedding_dim: _Optional[int] = ..., num_layers: _Optional[int] = ..., wire_dtype: _Optional[_Union[_tensor_pb2.DType, str]] = ..., split_seed: _Optional[int] = ...) -> None: ...
+    label_privacy_json: str
+    label_run_id: str
+    def __init__(self, run_id: _Optional[str] = ..., dataset: _Optional[str] = ..., decoder: _Optional[_Union[DecoderSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., seed: _Optional[int] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., embedding_dim: _Optional[int] = ..., num_layers: _Optional[int] = ..., wire_dtype: _Optional[_Union[_tensor_pb2.DType, str]] = ..., split_seed: _Optional[int] = ..., label_privacy_json: _Optional[str] = ..., label_run_id: _Optional[str] = ...) -> None: ...
 
 class SetupRunReply(_message.Message):
-    __slots__ = ("train_ids", "val_ids", "test_ids", "num_classes", "metric", "split", "num_nodes")
+    __slots__ = ("train_ids", "val_ids", "test_ids", "num_classes", "metric", "split", "num_nodes", "label_ledger_id", "label_epsilon_spent", "label_epsilon_budget", "label_delta", "query_ids", "label_note")
     TRAIN_IDS_FIELD_NUMBER: _ClassVar[int]
     VAL_IDS_FIELD_NUMBER: _ClassVar[int]
     TEST_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +76,12 @@ class SetupRunReply(_message.Message):
     METRIC_FIELD_NUMBER: _ClassVar[int]
     SPLIT_FIELD_NUMBER: _ClassVar[int]
     NUM_NODES_FIELD_NUMBER: _ClassVar[int]
+    LABEL_LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
+    LABEL_EPSILON_SPENT_FIELD_NUMBER: _ClassVar[int]
+    LABEL_EPSILON_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    LABEL_DELTA_FIELD_NUMBER: _ClassVar[int]
+    QUERY_IDS_FIELD_NUMBER: _ClassVar[int]
+    LABEL_NOTE_FIELD_NUMBER: _ClassVar[int]
     train_ids: _containers.RepeatedScalarFieldContainer[int]
     val_ids: _containers.RepeatedScalarFieldContainer[int]
     test_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -79,7 +89,13 @@ class SetupRunReply(_message.Message):
     metric: str
     split: str
     num_nodes: int
-    def __init__(self, train_ids: _Optional[_Iterable[int]] = ..., val_ids: _Optional[_Iterable[int]] = ..., test_ids: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ..., metric: _Optional[str] = ..., split: _Optional[str] = ..., num_nodes: _Optional[int] = ...) -> None: ...
+    label_ledger_id: str
+    label_epsilon_spent: float
+    label_epsilon_budget: float
+    label_delta: float
+    query_ids: _containers.RepeatedScalarFieldContainer[int]
+    label_note: str
+    def __init__(self, train_ids: _Optional[_Iterable[int]] = ..., val_ids: _Optional[_Iterable[int]] = ..., test_ids: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ..., metric: _Optional[str] = ..., split: _Optional[str] = ..., num_nodes: _Optional[int] = ..., label_ledger_id: _Optional[str] = ..., label_epsilon_spent: _Optional[float] = ..., label_epsilon_budget: _Optional[float] = ..., label_delta: _Optional[float] = ..., query_ids: _Optional[_Iterable[int]] = ..., label_note: _Optional[str] = ...) -> None: ...
 
 class TrainStep(_message.Message):
     __slots__ = ("run_id", "step", "node_ids", "embeddings")
@@ -118,6 +134,18 @@ class EvalChunk(_message.Message):
     node_ids: _containers.RepeatedScalarFieldContainer[int]
     embeddings: _tensor_pb2.Tensor
     def __init__(self, run_id: _Optional[str] = ..., eval_id: _Optional[int] = ..., split: _Optional[str] = ..., node_ids: _Optional[_Iterable[int]] = ..., embeddings: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
+
+class CollectReply(_message.Message):
+    __slots__ = ("run_id", "answered_ids", "label_epsilon_spent", "label_note")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_IDS_FIELD_NUMBER: _ClassVar[int]
+    LABEL_EPSILON_SPENT_FIELD_NUMBER: _ClassVar[int]
+    LABEL_NOTE_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    answered_ids: _containers.RepeatedScalarFieldContainer[int]
+    label_epsilon_spent: float
+    label_note: str
+    def __init__(self, run_id: _Optional[str] = ..., answered_ids: _Optional[_Iterable[int]] = ..., label_epsilon_spent: _Optional[float] = ..., label_note: _Optional[str] = ...) -> None: ...
 
 class Metric(_message.Message):
     __slots__ = ("split", "name", "value", "count")

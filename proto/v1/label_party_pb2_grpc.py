@@ -49,6 +49,11 @@ class LabelPartyStub:
                 request_serializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.EvalChunk.SerializeToString,
                 response_deserializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.EvalResult.FromString,
                 _registered_method=True)
+        self.Collect = channel.stream_unary(
+                '/vesper.v1.LabelParty/Collect',
+                request_serializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.EvalChunk.SerializeToString,
+                response_deserializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.CollectReply.FromString,
+                _registered_method=True)
         self.FinishRun = channel.unary_unary(
                 '/vesper.v1.LabelParty/FinishRun',
                 request_serializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.FinishRunRequest.SerializeToString,
@@ -82,6 +87,16 @@ class LabelPartyServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Collect(self, request_iterator, context):
+        """Label privacy "pate" only: A streams its frozen embeddings of B's labelled nodes
+        (split "train") and of the query nodes (split "query"); B trains its teachers,
+        charges its label ledger, labels the queries with Confident-GNMax and answers with
+        the ids of the answered queries: the student's training roots.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def FinishRun(self, request, context):
         """A says the run has ended (completed, failed, refused or cancelled).
         """
@@ -106,6 +121,11 @@ def add_LabelPartyServicer_to_server(servicer, server):
                     servicer.Evaluate,
                     request_deserializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.EvalChunk.FromString,
                     response_serializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.EvalResult.SerializeToString,
+            ),
+            'Collect': grpc.stream_unary_rpc_method_handler(
+                    servicer.Collect,
+                    request_deserializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.EvalChunk.FromString,
+                    response_serializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.CollectReply.SerializeToString,
             ),
             'FinishRun': grpc.unary_unary_rpc_method_handler(
                     servicer.FinishRun,
@@ -194,6 +214,33 @@ class LabelParty:
             '/vesper.v1.LabelParty/Evaluate',
             vesper_dot_proto_dot_v1_dot_label__party__pb2.EvalChunk.SerializeToString,
             vesper_dot_proto_dot_v1_dot_label__party__pb2.EvalResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Collect(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/vesper.v1.LabelParty/Collect',
+            vesper_dot_proto_dot_v1_dot_label__party__pb2.EvalChunk.SerializeToString,
+            vesper_dot_proto_dot_v1_dot_label__party__pb2.CollectReply.FromString,
             options,
             channel_credentials,
             insecure,
