@@ -5,6 +5,11 @@ the run's rule for its kind), then ε after the charge is computed from the coun
 releases; if it exceeds the budget nothing is written and the charge is refused.
 Otherwise the row is committed to SQLite and only then acknowledged.
 
+Party B's label ledgers (privacy unit ``label``, accounting ``labels``) follow the same
+rules with one kind of release, ``one-shot``, every one counted
+(:func:`vesper.common.privacy.ledger.check_label_events`); which party may spend which
+ledger is decided by the gRPC layer (service.py).
+
 Charges of one run are serialised by a per-run lock, so several workers of party A
 may charge concurrently: each gets the next ledger position in commit order. A charge
 whose release key is already in the ledger is a retry (a network fault hid the first
@@ -28,6 +33,7 @@ from vesper.common.privacy.events import EventError, event_from_json, event_to_j
 from vesper.common.privacy.ledger import (
     ASSUMPTIONS,
     KINDS,
+    LABEL_ACCOUNTING,
     ChargeRule,
     CurvePoint,
     LedgerRow,
@@ -38,6 +44,9 @@ from vesper.common.privacy.ledger import (
     Spent,
     assumption_text,
     check_hidden_batch_events,
+    check_label_events,
+    check_no_label_mechanisms,
+    check_unit_and_mode,
     composed_event,
     counted_per_kind,
     is_counted,
@@ -47,6 +56,8 @@ from vesper.common.privacy.ledger import (
 from vesper.common.privacy.theorem21 import calibrate_bound6
 
 ACCOUNTANTS = ("pld", "rdp")
+# room for party B's label ledger of a 64-character run id (``<run id>.labels``)
+MAX_RUN_ID = 128
 
 
 class AccountantError(Exception):
@@ -118,9 +129,16 @@ class Accountant:
         kinds = [rule.kind for rule in rules]
         if len(set(kinds)) != len(kinds):
             raise _invalid(f"one rule per kind of release, got kinds {kinds}")
-        if "train" not in kinds:
+        if accounting != LABEL_ACCOUNTING and "train" not in kinds:
             raise _invalid("a run needs a rule for its train releases")
         events = {rule.kind: self._parse_event(rule.release_event) for rule in rules}
+        try:
+            if accounting == LABEL_ACCOUNTING:
+                check_label_events(events, {rule.kind: rule.participation_bound for rule in rules})
+            else:
+                check_no_label_mechanisms(events)
+        except ValueError as exc:
+            raise _invalid(str(exc)) from None
         if accounting == "hidden-batch":
             try:
                 check_hidden_batch_events(events)
@@ -160,6 +178,8 @@ class Accountant:
         try:
             if accounting == "hidden-batch":
                 check_hidden_batch_events(events(1.0))
+            if accounting == LABEL_ACCOUNTING:
+                check_label_events(events(1.0), bounds)
             z, _ = calibrate(
                 lambda z: composed_event(events(z), counted), target_epsilon, delta, accountant=accountant
             )
@@ -200,10 +220,14 @@ class Accountant:
         assumption_note: str = "",
     ) -> RunStatusView:
         self._check_common(accounting, accountant, delta)
+        try:
+            check_unit_and_mode(privacy_unit, accounting)
+        except ValueError as exc:
+            raise _invalid(str(exc)) from None
         if math.isnan(epsilon_budget) or epsilon_budget <= 0:
             raise _invalid(f"epsilon budget must be > 0, got {epsilon_budget}")
-        if not run_id or len(run_id) > 64:
-            raise _invalid("run id must have 1 to 64 characters")
+        if not run_id or len(run_id) > MAX_RUN_ID:
+            raise _invalid(f"run id must have 1 to {MAX_RUN_ID} characters")
         if len(assumption_note) > 1000:
             raise _invalid("the assumption note is limited to 1000 characters")
         events = self._parse_rules(rules, accounting)
@@ -245,6 +269,10 @@ class Accountant:
             state.spent = spent(record.accounting, record.accountant, record.delta, events, state.counted)
             self._runs[run_id] = state
             return state
+
+    def privacy_unit(self, run_id: str) -> str:
+        """The run's privacy unit (NOT_FOUND for an unknown run): it decides who may spend it."""
+        return self._state(run_id).record.privacy_unit
 
     def charge(
         self, run_id: str, release_key: str, pass_id: str, kind: str, num_nodes: int, nodes_digest: str,

@@ -1,7 +1,9 @@
 """The accountant's REST status: anyone can read any run's budget and ledger.
 
-``GET /healthz``, ``GET /v1/runs``, ``GET /v1/runs/{id}``, ``GET /v1/runs/{id}/ledger``;
-OpenAPI at ``/openapi.json``. Infinite values are written as the string "Infinity".
+``GET /healthz``, ``GET /v1/runs``, ``GET /v1/runs/{id}``, ``GET /v1/runs/{id}/ledger``,
+``GET /v1/runs/{id}/related`` (a run and party B's label ledger of it, ``<id>.labels``,
+whichever of the two ids is given); OpenAPI at ``/openapi.json``. Infinite values are
+written as the string "Infinity".
 """
 
 from __future__ import annotations
@@ -9,14 +11,15 @@ from __future__ import annotations
 from fastapi import FastAPI, HTTPException
 
 from vesper.accountant.budget import Accountant, AccountantError
-from vesper.common.privacy.ledger import LedgerView, RunStatusView
+from vesper.common.privacy.ledger import LedgerView, RunStatusView, label_ledger_id, main_run_id
 
 
 def create_app(accountant: Accountant) -> FastAPI:
     app = FastAPI(
         title="vesper accountant",
         version="1",
-        description="Edge-level privacy budgets of vesper runs, and the ledger each ε is computed from.",
+        description="Privacy budgets of vesper runs (party A's edge and node ledgers, party B's label "
+        "ledgers, which are never added together), and the ledger each ε is computed from.",
     )
 
     def view(run_id: str) -> RunStatusView:
@@ -42,5 +45,18 @@ def create_app(accountant: Accountant) -> FastAPI:
         view(run_id)
         record = accountant.store.get_run(run_id)
         return LedgerView(run=record, rows=accountant.store.charges(run_id))
+
+    @app.get("/v1/runs/{run_id}/related", response_model=list[RunStatusView])
+    def get_related(run_id: str) -> list[RunStatusView]:
+        """Party A's run and party B's label ledger of it: two ledgers, two budgets, never summed."""
+        views = []
+        for candidate in (main_run_id(run_id), label_ledger_id(main_run_id(run_id))):
+            try:
+                views.append(accountant.status(candidate))
+            except AccountantError:
+                continue
+        if not views:
+            raise HTTPException(status_code=404, detail=f"no run {main_run_id(run_id)!r} and no label ledger of it")
+        return views
 
     return app

@@ -14,7 +14,7 @@ from vesper.accountant.budget import Accountant
 from vesper.accountant.ledger_store import LedgerStore
 from vesper.accountant.rest import create_app
 from vesper.accountant.service import AccountantService
-from vesper.common.charge_token import ensure_token
+from vesper.common.charge_token import ensure_distinct_tokens
 from vesper.common.config import AccountantConfig
 from vesper.common.grpc_server import start_server, write_ready_file
 from vesper.proto.v1 import accountant_pb2, accountant_pb2_grpc
@@ -32,14 +32,14 @@ def _bind(listen: str) -> socket.socket:
 
 
 def serve(config: AccountantConfig, ready_file: Path | None = None) -> None:
-    token = ensure_token(config.charge_token_file)
+    # refuses to start when the two parties' tokens coincide: either could spend the other's ledger
+    token, label_token = ensure_distinct_tokens(config.charge_token_file, config.label_charge_token_file)
     store = LedgerStore(config.ledger)
     accountant = Accountant(store)
+    service = AccountantService(accountant, token, label_token)
     name = accountant_pb2.DESCRIPTOR.services_by_name["Accountant"].full_name
     grpc_server, grpc_port = start_server(
-        config.listen,
-        [(accountant_pb2_grpc.add_AccountantServicer_to_server, AccountantService(accountant, token), name)],
-        max_message_mb=16,
+        config.listen, [(accountant_pb2_grpc.add_AccountantServicer_to_server, service, name)], max_message_mb=16,
     )
     rest_socket = _bind(config.rest_listen)
     rest_host, rest_port = rest_socket.getsockname()[:2]
@@ -50,8 +50,9 @@ def serve(config: AccountantConfig, ready_file: Path | None = None) -> None:
             time.sleep(0.02)
         if server.started:
             log.info(
-                "accountant: gRPC on port %d, REST on http://%s:%d, ledger %s, charge token %s",
-                grpc_port, rest_host, rest_port, config.ledger, config.charge_token_file,
+                "accountant: gRPC on port %d, REST on http://%s:%d, ledger %s, party A's charge token %s, "
+                "party B's label charge token %s",
+                grpc_port, rest_host, rest_port, config.ledger, config.charge_token_file, config.label_charge_token_file,
             )
             write_ready_file(ready_file, grpc_port=grpc_port, rest_port=rest_port, rest_url=f"http://{rest_host}:{rest_port}")
 

@@ -1,8 +1,16 @@
 """The accountant's gRPC service (``vesper.v1.Accountant``): a thin layer over :mod:`budget`.
 
-Spending needs party A's credential: CreateRun, Charge and CloseRun require the
-metadata ``authorization: Bearer <charge token>``. Calibrate, Estimate and GetRun
-only read, so party B (or any auditor) can call them without it.
+Spending needs a credential, sent as the metadata ``authorization: Bearer <token>``, and
+which one depends on whose data the ledger protects:
+
+* party A's **charge token** for every run whose privacy unit is A's (``edge``, ``node``);
+* party B's **label charge token** for runs of privacy unit ``label`` (B's label ledgers).
+
+CreateRun checks the requested privacy unit; Charge and CloseRun look the run up and check
+its unit (an unknown run is NOT_FOUND, once the token is one of the two). A token that is
+neither is UNAUTHENTICATED; the other party's token is PERMISSION_DENIED, so neither party
+can spend, or close, the other's ledger. Calibrate, Estimate and GetRun only read, so
+either party (or any auditor) can call them without a token.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from typing import TypeVar
 import grpc
 
 from vesper.accountant.budget import Accountant, AccountantError
-from vesper.common.privacy.ledger import RunStatusView
+from vesper.common.privacy.ledger import LABEL_UNIT, RunStatusView
 from vesper.common.privacy.plan_messages import (
     passes_from_proto,
     plan_rules_from_proto,
@@ -42,12 +50,30 @@ def status_message(view: RunStatusView) -> pb.RunStatus:
     return message
 
 
+PARTY_A, PARTY_B = "A", "B"
+CREDENTIALS = {PARTY_A: "party A's charge token", PARTY_B: "party B's label charge token"}
+
+
+def spender_of(privacy_unit: str) -> str:
+    """Which party may spend a ledger of this privacy unit: B its labels, A everything else."""
+    return PARTY_B if privacy_unit == LABEL_UNIT else PARTY_A
+
+
 class AccountantService(pb_grpc.AccountantServicer):
-    def __init__(self, accountant: Accountant, charge_token: str) -> None:
-        if len(charge_token) < 16:
-            raise ValueError("the charge token must have at least 16 characters")
+    def __init__(self, accountant: Accountant, charge_token: str, label_charge_token: str) -> None:
+        for name, token in (("charge token", charge_token), ("label charge token", label_charge_token)):
+            if len(token) < 16:
+                raise ValueError(f"the {name} must have at least 16 characters")
+        if hmac.compare_digest(charge_token.encode(), label_charge_token.encode()):
+            raise ValueError(
+                "party A's charge token and party B's label charge token are the same: each party "
+                "needs its own, or either could spend the other's ledger"
+            )
         self.accountant = accountant
-        self._expected = f"Bearer {charge_token}".encode()
+        self._expected = {
+            PARTY_A: f"Bearer {charge_token}".encode(),
+            PARTY_B: f"Bearer {label_charge_token}".encode(),
+        }
 
     @staticmethod
     def _call(context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
@@ -58,14 +84,36 @@ class AccountantService(pb_grpc.AccountantServicer):
         except ValueError as exc:  # a pydantic model refused a field of the request
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc).splitlines()[0] if str(exc) else "invalid request")
 
-    def _authorize(self, context: grpc.ServicerContext, what: str) -> None:
-        presented = dict(context.invocation_metadata()).get("authorization", "")
-        if not hmac.compare_digest(presented.encode(), self._expected):
+    def _presenter(self, context: grpc.ServicerContext) -> str | None:
+        """The party whose token the call carries, or None; both tokens are always compared."""
+        presented = dict(context.invocation_metadata()).get("authorization", "").encode()
+        matches = {party: hmac.compare_digest(presented, expected) for party, expected in self._expected.items()}
+        return next((party for party, match in matches.items() if match), None)
+
+    def _authenticate(self, context: grpc.ServicerContext, what: str) -> str:
+        party = self._presenter(context)
+        if party is None:
             context.abort(
                 grpc.StatusCode.UNAUTHENTICATED,
-                f"{what} needs party A's charge token (metadata 'authorization: Bearer <token>'); "
-                "reading a budget does not",
+                f"{what} needs a charge token (metadata 'authorization: Bearer <token>'): party A's "
+                "charge token for its edge and node ledgers, party B's label charge token for its "
+                "label ledgers; reading a budget needs neither",
             )
+        return party  # type: ignore[return-value]
+
+    def _authorize(self, context: grpc.ServicerContext, what: str, privacy_unit: str, presenter: str) -> None:
+        needed = spender_of(privacy_unit)
+        if presenter != needed:
+            context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{what} (privacy unit {privacy_unit or 'unset'!r}) needs {CREDENTIALS[needed]}; "
+                f"the call carries {CREDENTIALS[presenter]}, which cannot spend or close that ledger",
+            )
+
+    def _authorize_run(self, context: grpc.ServicerContext, what: str, run_id: str) -> None:
+        presenter = self._authenticate(context, what)
+        unit = self._call(context, lambda: self.accountant.privacy_unit(run_id))
+        self._authorize(context, f"{what} of run {run_id!r}", unit, presenter)
 
     def Calibrate(self, request: pb.CalibrateRequest, context: grpc.ServicerContext) -> pb.CalibrateReply:
         if request.mechanism != "gaussian":
@@ -93,7 +141,9 @@ class AccountantService(pb_grpc.AccountantServicer):
         return pb.EstimateReply(epsilon=result.epsilon, accountant=result.accountant, counted_releases=counted)
 
     def CreateRun(self, request: pb.CreateRunRequest, context: grpc.ServicerContext) -> pb.RunStatus:
-        self._authorize(context, "creating a run")
+        self._authorize(
+            context, "creating a run", request.privacy_unit, self._authenticate(context, "creating a run")
+        )
         try:
             details = json.loads(request.details_json) if request.details_json else {}
         except json.JSONDecodeError as exc:
@@ -109,7 +159,7 @@ class AccountantService(pb_grpc.AccountantServicer):
         return status_message(view)
 
     def Charge(self, request: pb.ChargeRequest, context: grpc.ServicerContext) -> pb.ChargeReceipt:
-        self._authorize(context, "charging a release")
+        self._authorize_run(context, "charging a release", request.run_id)
         row, replayed = self._call(
             context,
             lambda: self.accountant.charge(
@@ -127,6 +177,6 @@ class AccountantService(pb_grpc.AccountantServicer):
         return status_message(self._call(context, lambda: self.accountant.status(request.run_id)))
 
     def CloseRun(self, request: pb.CloseRunRequest, context: grpc.ServicerContext) -> pb.RunStatus:
-        self._authorize(context, "closing a run")
+        self._authorize_run(context, "closing", request.run_id)
         view = self._call(context, lambda: self.accountant.close_run(request.run_id, request.status, request.reason))
         return status_message(view)

@@ -441,7 +441,7 @@ def test_event_json_round_trip_is_canonical() -> None:
     [
         ("not json", "not valid JSON"),
         ("[]", "must be an object"),
-        ('{"type": "RandomizedResponseDpEvent", "noise_parameter": 0.5, "num_buckets": 2}', "unknown or unsupported"),
+        ('{"type": "SampledWithoutReplacementDpEvent", "source_dataset_size": 9, "sample_size": 3, "event": {"type": "NoOpDpEvent"}}', "unknown or unsupported"),
         ('{"type": "GaussianDpEvent"}', "needs exactly the fields"),
         ('{"type": "GaussianDpEvent", "noise_multiplier": -1}', "outside"),
         ('{"type": "GaussianDpEvent", "noise_multiplier": "1"}', "must be a number"),

@@ -41,6 +41,7 @@ class Accountant:
         write_section(self.config, "accountant", {
             "listen": f"127.0.0.1:{self.port}", "rest_listen": f"127.0.0.1:{self.rest_port}",
             "ledger": str(self.ledger), "charge_token_file": str(self.token_file),
+            "label_charge_token_file": str(workdir / "label-charge.token"),
         })
         self.process = None
 

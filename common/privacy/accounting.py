@@ -22,11 +22,24 @@ names the one that actually produced its number (docs/accounting.md):
     * ``rdp-zcdp``: an event containing a ``ZCDpEvent`` (exponential-mechanism rounds,
       docs/extractors/dpar.md) has no privacy loss distribution here, so the whole
       composition is accounted by dp-accounting's RDP accountant (ρα + ξ at each order).
+    * ``rr-exact``: an event that is exactly one k-ary randomised response
+      (``RandomizedResponseDpEvent(p, k)``, party B's labels, docs/label-privacy.md) is
+      pure ε-DP with ε = ln((1 − p + p/k) / (p/k)) (:func:`randomized_response_epsilon`),
+      whatever δ; rounded up to the next float, never down. Any other composition holding
+      randomised response goes through the PLD ladder (dp-accounting's
+      ``from_randomized_response``) like every other mechanism.
 
 ``"rdp"``
     * ``rdp``: dp-accounting's ``RdpAccountant`` for every event, over
       :data:`RDP_ORDERS`, converted to (ε, δ) with its Proposition-12 bound (the
-      VESPER paper's Lemma 2, eq. (10)).
+      VESPER paper's Lemma 2, eq. (10)). Randomised response is accounted under the
+      replace-one relation, the only one dp-accounting has for it (see
+      :func:`_rdp_accountant_for`).
+    * ``rr-exact``: a lone randomised response also under ``rdp``, when its exact pure ε
+      is below the RDP conversion (always, in practice: the conversion adds
+      log(1/δ)/(α − 1) to an RDP that tends to the pure ε as α grows). Both are upper
+      bounds, so the smaller one is; a run budgeted at the ε its RR was calibrated to
+      would otherwise be refused its one charge.
 
 ε is never rounded down: the analytic Gaussian is re-checked, the PLD rounding is
 pessimistic and RDP is itself an upper bound.
@@ -36,6 +49,7 @@ from __future__ import annotations
 
 import logging
 import math
+from decimal import Decimal, localcontext
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -47,6 +61,7 @@ from dp_accounting.dp_event import MixtureOfGaussiansDpEvent
 from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.pld import privacy_loss_mechanism as loss_lib
+from dp_accounting.privacy_accountant import NeighboringRelation
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy.special import log_ndtr
 
@@ -192,6 +207,67 @@ def _contains_non_private(event: dpa.DpEvent) -> bool:
     return _contains(event, dpa.NonPrivateDpEvent)
 
 
+# -- randomised response --------------------------------------------------------------------
+
+# 60 significant digits for ln: far below a float's 17, so the rounding decision below is safe
+_RR_DIGITS = 60
+
+
+def randomized_response_epsilon(noise_parameter: float, num_buckets: int) -> float:
+    """Pure ε of k-ary randomised response with noise parameter p, never below the truth.
+
+    With probability p the output is uniform over the k buckets, else the input (dp-accounting's
+    ``RandomizedResponseDpEvent``). Under "replace one input" the largest likelihood ratio is
+    Pr[o = x | x] / Pr[o = x | x'] = (1 − p + p/k) / (p/k), so
+
+        (RR1)  ε = ln((1 − p + p/k) / (p/k)) = ln(1 + k(1 − p)/p),
+
+    ∞ at p = 0 and 0 at p = 1. ln is evaluated in 60-digit decimal arithmetic (p as a float is
+    an exact binary fraction) and returned as the smallest float at or above it, so a
+    mechanism calibrated to exactly ε is charged exactly ε.
+    """
+    p, k = float(noise_parameter), int(num_buckets)
+    if not 0.0 <= p <= 1.0 or k < 2:
+        raise ValueError(f"randomised response needs p in [0, 1] and k >= 2, got p={p}, k={k}")
+    if p == 0.0:
+        return math.inf
+    if p == 1.0:
+        return 0.0
+    with localcontext() as context:
+        context.prec = _RR_DIGITS
+        exact_p = Decimal(p)  # exact: a float is a binary fraction
+        log_ratio = (1 + k * (1 - exact_p) / exact_p).ln()
+        epsilon = float(log_ratio)
+        # the decimal ln is within ~1e-59 of the truth: demand that much headroom
+        if Decimal(epsilon) < log_ratio * (1 + Decimal(10) ** (8 - _RR_DIGITS)):
+            epsilon = math.nextafter(epsilon, math.inf)
+    return epsilon
+
+
+def _lone_randomized_response(event: dpa.DpEvent) -> dpa.RandomizedResponseDpEvent | None:
+    """The one RandomizedResponseDpEvent ``event`` runs exactly once, if that is all it does.
+
+    No-ops and empty compositions around it are allowed; anything else, or two runs, is None.
+    """
+    found: list[dpa.DpEvent] = []
+
+    def walk(part: dpa.DpEvent, count: int) -> bool:
+        if isinstance(part, dpa.NoOpDpEvent) or count == 0:
+            return True
+        if isinstance(part, dpa.SelfComposedDpEvent):
+            return walk(part.event, count * part.count)
+        if isinstance(part, dpa.ComposedDpEvent):
+            return all(walk(inner, count) for inner in part.events)
+        if isinstance(part, dpa.RandomizedResponseDpEvent) and count == 1:
+            found.append(part)
+            return True
+        return False
+
+    if walk(event, 1) and len(found) == 1:
+        return found[0]  # type: ignore[return-value]
+    return None
+
+
 # -- RDP -----------------------------------------------------------------------------------
 
 
@@ -216,11 +292,31 @@ def _rdp_curve(event: dpa.DpEvent, orders: tuple[float, ...]) -> np.ndarray:
     return _mechanism_rdp(event_to_json(event), orders)
 
 
+def _rdp_accountant_for(mechanism: dpa.DpEvent, orders: Sequence[float]) -> rdp_privacy_accountant.RdpAccountant:
+    """dp-accounting's RDP accountant for one mechanism, under the relation it can account it in.
+
+    dp-accounting has randomised response only under REPLACE_ONE (and REPLACE_SPECIAL), and
+    everything else vesper uses under ADD_OR_REMOVE_ONE. Adding the curves of both is still
+    one correct composition: an unsampled Gaussian's (and Laplace's, and a zCDP event's) RDP
+    curve is a function of its noise multiplier alone, the same under either relation, and
+    every event of a label ledger states its noise multiplier for the sensitivity under
+    "replace one label" (docs/label-privacy.md). Sampled events are refused in label ledgers
+    (ledger.check_label_events), because Poisson amplification is an add-or-remove result.
+    """
+    relation = (
+        NeighboringRelation.REPLACE_ONE
+        if isinstance(mechanism, dpa.RandomizedResponseDpEvent)
+        else NeighboringRelation.ADD_OR_REMOVE_ONE
+    )
+    return rdp_privacy_accountant.RdpAccountant(orders=list(orders), neighboring_relation=relation)
+
+
 @lru_cache(maxsize=1024)
 def _mechanism_rdp(event_json: str, orders: tuple[float, ...]) -> np.ndarray:
-    accountant = rdp_privacy_accountant.RdpAccountant(orders=list(orders))
+    mechanism = event_from_json(event_json)
+    accountant = _rdp_accountant_for(mechanism, orders)
     try:
-        accountant.compose(event_from_json(event_json))
+        accountant.compose(mechanism)
     except dpa.UnsupportedEventError as exc:
         raise ValueError(f"the RDP accountant cannot account for this event: {exc}") from None
     curve = np.array(accountant._rdp, dtype=np.float64)  # dp-accounting 0.6.0 keeps the curve here
@@ -229,7 +325,12 @@ def _mechanism_rdp(event_json: str, orders: tuple[float, ...]) -> np.ndarray:
 
 
 def _rdp_supports(event: dpa.DpEvent) -> bool:
-    return rdp_privacy_accountant.RdpAccountant().supports(event)
+    """Whether :func:`_rdp` can account ``event``, each mechanism under its own relation."""
+    if isinstance(event, dpa.SelfComposedDpEvent):
+        return _rdp_supports(event.event)
+    if isinstance(event, dpa.ComposedDpEvent):
+        return all(_rdp_supports(part) for part in event.events)
+    return _rdp_accountant_for(event, _RDP_SKELETON_ORDERS).supports(event)
 
 
 # -- PLD -----------------------------------------------------------------------------------
@@ -244,15 +345,18 @@ class _Leaf:
     """One mechanism of a composition: ``count`` runs of ``kind`` sampled with probability ``q``.
 
     A ``mixture`` leaf is a Gaussian of std ``parameter`` whose sensitivity is
-    ``sensitivities[i]`` with probability ``probabilities[i]``.
+    ``sensitivities[i]`` with probability ``probabilities[i]``. A ``randomized-response``
+    leaf is k-ary randomised response with noise parameter p = ``parameter`` over
+    k = ``buckets`` (replace-one relation; never sampled).
     """
 
-    kind: Literal["gaussian", "laplace", "mixture"]
+    kind: Literal["gaussian", "laplace", "mixture", "randomized-response"]
     parameter: float
     q: float
     count: int
     sensitivities: tuple[float, ...] = ()
     probabilities: tuple[float, ...] = ()
+    buckets: int = 0
 
 
 def _leaves(event: dpa.DpEvent, count: int = 1) -> list[_Leaf]:
@@ -267,6 +371,10 @@ def _leaves(event: dpa.DpEvent, count: int = 1) -> list[_Leaf]:
         return [_Leaf("gaussian", event.noise_multiplier, 1.0, count)]
     if isinstance(event, dpa.LaplaceDpEvent):
         return [_Leaf("laplace", event.noise_multiplier, 1.0, count)]
+    if isinstance(event, dpa.RandomizedResponseDpEvent):
+        if event.noise_parameter == 1:
+            return []  # the output is uniform whatever the input
+        return [_Leaf("randomized-response", event.noise_parameter, 1.0, count, buckets=event.num_buckets)]
     if isinstance(event, MixtureOfGaussiansDpEvent):
         if all(s == 0 for s in event.sensitivities):
             return []
@@ -286,7 +394,7 @@ def _leaves(event: dpa.DpEvent, count: int = 1) -> list[_Leaf]:
 
 
 def _single_run(leaf: _Leaf) -> _Leaf:
-    return _Leaf(leaf.kind, leaf.parameter, leaf.q, 1, leaf.sensitivities, leaf.probabilities)
+    return _Leaf(leaf.kind, leaf.parameter, leaf.q, 1, leaf.sensitivities, leaf.probabilities, leaf.buckets)
 
 
 def _merge_unsampled_gaussians(leaves: list[_Leaf]) -> list[_Leaf]:
@@ -306,6 +414,9 @@ def _single_points(leaf: _Leaf, interval: float) -> int:
 
     Computed from the loss bounds alone, before anything is built.
     """
+    if leaf.kind == "randomized-response":
+        # symmetric losses −ε, 0, +ε (RR1), rounded outwards to the grid: one dense pmf
+        return 2 * math.ceil(randomized_response_epsilon(leaf.parameter, leaf.buckets) / interval) + 1
     adjacencies = [loss_lib.AdjacencyType.REMOVE]
     if leaf.q < 1.0 or leaf.kind == "mixture":
         adjacencies.append(loss_lib.AdjacencyType.ADD)  # sampling (or a mixture) makes the PLD asymmetric
@@ -364,6 +475,9 @@ _UNLIMITED = _Limits(math.inf, math.inf)
 @lru_cache(maxsize=64)
 def _single_pld(leaf: _Leaf, interval: float) -> pld_lib.PrivacyLossDistribution:
     """One run's PLD; cached because a per-step ledger re-composes the same mechanism."""
+    if leaf.kind == "randomized-response":
+        # dp-accounting's default relation here is REPLACE_ONE, the label ledger's
+        return pld_lib.from_randomized_response(leaf.parameter, leaf.buckets, value_discretization_interval=interval)
     if leaf.kind == "mixture":
         return pld_lib.from_mixture_gaussian_mechanism(
             leaf.parameter, leaf.sensitivities, leaf.probabilities, value_discretization_interval=interval
@@ -456,9 +570,16 @@ def _pld_scout(event: dpa.DpEvent, delta: float) -> float:
 @lru_cache(maxsize=4096)
 def _epsilon_cached(event_json: str, delta: float, accountant: Accountant) -> EpsilonResult:
     event = event_from_json(event_json)
+    lone_rr = _lone_randomized_response(event)
     if accountant == "rdp":
         epsilon, order = _rdp(event, delta, RDP_ORDERS)
+        if lone_rr is not None:
+            pure = randomized_response_epsilon(lone_rr.noise_parameter, lone_rr.num_buckets)
+            if pure <= epsilon:
+                return EpsilonResult(pure, "rr-exact")
         return EpsilonResult(epsilon, "rdp", order=order)
+    if lone_rr is not None:
+        return EpsilonResult(randomized_response_epsilon(lone_rr.noise_parameter, lone_rr.num_buckets), "rr-exact")
     precision = _gaussian_precision(event)
     if precision is not None:
         if precision == 0:

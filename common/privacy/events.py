@@ -1,7 +1,8 @@
 """DpEvents as canonical JSON, so a ledger row stores exactly what was charged.
 
 ``{"type": "GaussianDpEvent", "noise_multiplier": 3.77}``, ``{"type": "ZCDpEvent", "rho": 0.1,
-"xi": 0.0}``; composite events nest (``ComposedDpEvent.events``,
+"xi": 0.0}``, ``{"type": "RandomizedResponseDpEvent", "noise_parameter": 0.27, "num_buckets": 2}``;
+composite events nest (``ComposedDpEvent.events``,
 ``SelfComposedDpEvent.event``). Only the event types
 vesper can account for are accepted; anything else is an :class:`EventError`.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from typing import Any
 
 import attr
@@ -33,12 +35,15 @@ _EVENT_TYPES: dict[str, type[dpa.DpEvent]] = {
         dpa.PoissonSampledDpEvent,
         dpa.ZCDpEvent,  # (ξ, ρ)-zCDP: exponential-mechanism rounds (docs/extractors/dpar.md)
         MixtureOfGaussiansDpEvent,  # random sensitivity (docs/extractors/heterpoisson.md)
+        dpa.RandomizedResponseDpEvent,  # k-ary randomised response of party B's labels (docs/label-privacy.md)
     )
 }
 
 
 # a mixture's support is bounded by a batch size; far more components is a malformed event
 MAX_MIXTURE_COMPONENTS = 100_000
+# randomised response runs over a label's classes; far more buckets is a malformed event
+MAX_RANDOMIZED_RESPONSE_BUCKETS = 1_000_000
 
 
 def check_mixture(sensitivities: Any, probabilities: Any) -> None:
@@ -72,6 +77,9 @@ def _to_data(event: dpa.DpEvent) -> dict[str, Any]:
         value = getattr(event, field.name)
         if isinstance(value, dpa.DpEvent):
             value = _to_data(value)
+        elif name == "RandomizedResponseDpEvent":
+            # 0.5 and 1/2 as int or float, or a numpy scalar, must give one canonical string
+            value = _real(value) if field.name == "noise_parameter" else _integer(value)
         elif isinstance(value, (list, tuple)):
             # ComposedDpEvent.events, or a mixture's numbers
             value = [_to_data(v) if isinstance(v, dpa.DpEvent) else float(v) for v in value]
@@ -91,6 +99,31 @@ def _number(data: dict[str, Any], key: str, *, low: float, high: float = math.in
     if not math.isfinite(value) or not low <= value <= high:
         raise EventError(f"{data.get('type')}.{key}={value} is outside [{low}, {high}]")
     return float(value)
+
+
+def _real(value: Any) -> Any:
+    """``value`` as a Python float if it is a real number (numpy's too), else unchanged for the parser to refuse."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return value
+    return float(value)
+
+
+def _integer(value: Any) -> Any:
+    """``value`` as a Python int if it is an integer (numpy's too), else unchanged for the parser to refuse."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        return value
+    return int(value)
+
+
+def _buckets(data: dict[str, Any]) -> int:
+    value = data.get("num_buckets")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise EventError(f"RandomizedResponseDpEvent.num_buckets must be an integer, got {value!r}")
+    if not 2 <= value <= MAX_RANDOMIZED_RESPONSE_BUCKETS:
+        raise EventError(
+            f"RandomizedResponseDpEvent.num_buckets={value} is outside [2, {MAX_RANDOMIZED_RESPONSE_BUCKETS}]"
+        )
+    return value
 
 
 def _from_data(data: Any) -> dpa.DpEvent:
@@ -116,6 +149,8 @@ def _from_data(data: Any) -> dpa.DpEvent:
             sensitivities=[float(v) for v in data["sensitivities"]],
             sampling_probs=[float(v) for v in data["sampling_probs"]],
         )
+    if cls is dpa.RandomizedResponseDpEvent:
+        return cls(noise_parameter=_number(data, "noise_parameter", low=0.0, high=1.0), num_buckets=_buckets(data))
     if cls is dpa.ZCDpEvent:
         return cls(rho=_number(data, "rho", low=0.0), xi=_number(data, "xi", low=0.0))
     if cls is dpa.PoissonSampledDpEvent:

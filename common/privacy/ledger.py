@@ -16,6 +16,10 @@ under the run's accountant (``pld`` or ``rdp``). Under ``hidden-batch`` the pape
 own bound (VESPER Theorem 2.1, bound (6) with Lemma 2) is computed from the same rows
 too, and the run is charged the larger of the two numbers.
 
+Party B's label ledgers (accounting ``labels``, privacy unit ``label``) use the same rule
+with one kind, ``one-shot``, and every release counted (one label can reach each of
+them): RR is one charge, DP-GPL one charge per query (docs/accounting.md, section 6).
+
 :func:`replay` recomputes ε from the rows and checks the rule row by row.
 """
 
@@ -36,9 +40,24 @@ from vesper.common.privacy.theorem21 import hidden_batch_bound6_epsilon
 
 RunState = Literal["active", "completed", "failed", "refused", "cancelled"]
 Kind = Literal["train", "eval", "one-shot", "pre-train"]
-AccountingMode = Literal["visible-batch", "hidden-batch"]
+AccountingMode = Literal["visible-batch", "hidden-batch", "labels"]
 AccountantName = Literal["pld", "rdp"]
 KINDS: tuple[Kind, ...] = ("train", "eval", "one-shot", "pre-train")
+# Party B's label ledgers: this privacy unit always goes with this accounting mode, and back
+LABEL_UNIT = "label"
+LABEL_ACCOUNTING = "labels"
+LABEL_KIND: Kind = "one-shot"
+LABEL_LEDGER_SUFFIX = ".labels"
+
+
+def label_ledger_id(run_id: str) -> str:
+    """Party B's label ledger of party A's run ``run_id``: a run of its own at the accountant."""
+    return f"{run_id}{LABEL_LEDGER_SUFFIX}"
+
+
+def main_run_id(run_id: str) -> str:
+    """Party A's run of a label ledger id; any other id is returned unchanged."""
+    return run_id[: -len(LABEL_LEDGER_SUFFIX)] if run_id.endswith(LABEL_LEDGER_SUFFIX) else run_id
 
 
 class _Record(BaseModel):
@@ -61,6 +80,15 @@ ASSUMPTIONS: dict[str, str] = {
         "batch's node ids: this mode reproduces the paper's numbers and is no guarantee "
         "against party B. The run is charged the larger of dp-accounting's ε for the "
         "recorded events and the paper's bound (6) converted with its Lemma 2."
+    ),
+    "labels": (
+        "labels: party B's own ledger. Privacy unit: the label of one of party B's training "
+        "nodes (two label sets are neighbours when exactly one training label differs). "
+        "Party B charges every mechanism it runs on these labels (randomised response once, "
+        "or each teacher-ensemble query) before anything derived from them leaves B, and "
+        "every charge is counted; what B computes afterwards from the privatised labels is "
+        "post-processing. Node ids, including which nodes B holds labels for, are not "
+        "protected. This ledger is separate from party A's and is never added to it."
     ),
 }
 
@@ -243,6 +271,61 @@ def check_hidden_batch_events(events: Mapping[str, dpa.DpEvent]) -> None:
     for kind in ("one-shot", "pre-train"):
         if kind in events:
             raise ValueError(f"hidden-batch covers per-step extractors only: bound (6) has no term for {kind} releases")
+
+
+def check_unit_and_mode(privacy_unit: str, accounting: str) -> None:
+    """Privacy unit ``label`` goes with accounting ``labels`` and nothing else does."""
+    if (privacy_unit == LABEL_UNIT) != (accounting == LABEL_ACCOUNTING):
+        raise ValueError(
+            f"privacy unit {privacy_unit!r} with accounting {accounting!r}: a run of privacy unit "
+            f"{LABEL_UNIT!r} (party B's labels) needs accounting {LABEL_ACCOUNTING!r}, and accounting "
+            f"{LABEL_ACCOUNTING!r} needs privacy unit {LABEL_UNIT!r}"
+        )
+
+
+def _walk(event: dpa.DpEvent) -> Iterable[dpa.DpEvent]:
+    """Every event of a composition tree, the tree's own nodes included."""
+    yield event
+    if isinstance(event, (dpa.SelfComposedDpEvent, dpa.PoissonSampledDpEvent)):
+        yield from _walk(event.event)
+    elif isinstance(event, dpa.ComposedDpEvent):
+        for part in event.events:
+            yield from _walk(part)
+
+
+def check_label_events(events: Mapping[str, dpa.DpEvent], bounds: Mapping[str, int | None]) -> None:
+    """A label ledger: one-shot releases only, every one counted, nothing credited for sampling.
+
+    Every event must state its noise for the sensitivity under "replace one label"
+    (randomised response is accounted under that relation). Poisson amplification and
+    dp-accounting's mixture PLD are add-or-remove results, so neither can appear.
+    """
+    if set(events) != {LABEL_KIND}:
+        raise ValueError(
+            f"a label ledger charges {LABEL_KIND} releases only (one RR draw, or one charge per query), "
+            f"got kinds {sorted(events)}"
+        )
+    if bounds.get(LABEL_KIND) is not None:
+        raise ValueError(
+            "a label ledger counts every release (one label can influence each of them): "
+            f"no participation bound for {LABEL_KIND}"
+        )
+    for part in _walk(events[LABEL_KIND]):
+        if isinstance(part, (dpa.PoissonSampledDpEvent, MixtureOfGaussiansDpEvent)):
+            raise ValueError(
+                f"a label ledger cannot account a {type(part).__name__}: its analysis here is for "
+                "adding or removing a record, not for replacing one label"
+            )
+
+
+def check_no_label_mechanisms(events: Mapping[str, dpa.DpEvent]) -> None:
+    """Randomised response is accounted under "replace one": only label ledgers may charge it."""
+    for kind, event in events.items():
+        if any(isinstance(part, dpa.RandomizedResponseDpEvent) for part in _walk(event)):
+            raise ValueError(
+                f"{kind} releases: RandomizedResponseDpEvent is accounted for replacing one label; "
+                f"only a label ledger (privacy unit {LABEL_UNIT!r}, accounting {LABEL_ACCOUNTING!r}) may charge it"
+            )
 
 
 def bound6_epsilon(events: Mapping[str, dpa.DpEvent], counted: Mapping[str, int], delta: float) -> tuple[float, int | None]:
