@@ -8,16 +8,23 @@ accountant is a :class:`BudgetRefused`: the run ends cleanly, nothing is sent.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 
 import grpc
+import torch
 
 from vesper.common.grpc_server import channel_options
 from vesper.common.privacy.ledger import ChargeRule, PlannedPass, PlanRule
 from vesper.common.privacy.plan_messages import passes_to_proto, plan_rule_to_proto, rule_to_proto
 from vesper.proto.v1 import accountant_pb2 as acc_pb
 from vesper.proto.v1 import accountant_pb2_grpc as acc_grpc
+
+
+def nodes_digest(node_ids: torch.Tensor) -> str:
+    """What the accountant stores to recognise a retried charge as the same release."""
+    return hashlib.sha256(node_ids.cpu().to(torch.int64).numpy().tobytes()).hexdigest()[:32]
 
 
 class PeerError(RuntimeError):

@@ -39,8 +39,31 @@ def stratified_split(labels: np.ndarray, seed: int, fractions: tuple[float, floa
     return Split(train, val, test, f"stratified {shares}, seed {seed}")
 
 
-def split_for(part: LabelPart, seed: int, index: int = 0) -> Split:
+def random_split(num_nodes: int, seed: int, fractions: tuple[float, float, float] = FRACTIONS) -> Split:
+    """One seeded permutation of all nodes cut by ``fractions``: it never reads a label.
+
+    Under label privacy the split is sent to party A (every batch names its roots), so
+    it must not depend on the labels it protects; a stratified split would.
+    """
+    members = np.random.default_rng(seed).permutation(num_nodes)
+    n_train = int(round(fractions[0] * num_nodes))
+    n_val = int(round(fractions[1] * num_nodes))
+    train, val, test = (
+        np.sort(part).astype(np.int64)
+        for part in (members[:n_train], members[n_train : n_train + n_val], members[n_train + n_val :])
+    )
+    shares = "/".join(str(round(100 * f)) for f in fractions)
+    return Split(train, val, test, f"random {shares} (label-independent), seed {seed}")
+
+
+def split_for(part: LabelPart, seed: int, index: int = 0, label_independent: bool = False) -> Split:
+    """The file's own split if it has one (public), else a seeded split made by B.
+
+    ``label_independent``: B protects its labels, so a split it makes must not read them.
+    """
     if part.masks is None:
+        if label_independent:
+            return random_split(part.labels.size, seed)
         return stratified_split(part.labels, seed)
     train_m, val_m, test_m = (m[index] for m in part.masks)
     return Split(

@@ -62,6 +62,12 @@ class AccountantChoice(str, Enum):
     rdp = "rdp"
 
 
+class LabelPrivacy(str, Enum):
+    none = "none"
+    rr = "rr"
+    pate = "pate"
+
+
 class WireDType(str, Enum):
     float32 = "float32"
     bfloat16 = "bfloat16"
@@ -141,6 +147,24 @@ NoiseOpt = typer.Option(None, "--noise-multiplier", help="Fix z = noise std / se
 WireOpt = typer.Option(None, "--wire-dtype", help="Dtype of tensors on the wire.")
 DimOpt = typer.Option(None, "--dim", help="d, width of every released embedding.", min=1)
 DropoutOpt = typer.Option(None, "--dropout", help="Dropout of A's encoder.", min=0.0, max=0.99)
+LabelPrivacyOpt = typer.Option(
+    None, "--label-privacy",
+    help="How party B protects its labels from party A: none, rr (randomised response once, at --label-epsilon) "
+    "or pate (DP-GPL: teachers on disjoint groups label queries with Confident-GNMax; A's extractor must not "
+    "train with B's labels, e.g. relational). B charges its own ledger, <run id>.labels.",
+)
+LabelEpsilonOpt = typer.Option(None, "--label-epsilon", help="B's label-level ε budget (needed with rr and pate).")
+LabelDeltaOpt = typer.Option(None, "--label-delta", help="δ of B's label ledger (default min(1e-5, 1/labelled training nodes)).")
+LabelParamOpt = typer.Option(
+    None, "--label-param",
+    help="A pate setting as KEY=VALUE: teachers, queries, threshold, sigma1, sigma2, teacher_epochs, teacher_lr, "
+    "teacher_weight_decay; repeat for several.",
+)
+RecordGradientsOpt = typer.Option(
+    None, "--record-gradients/--no-record-gradients",
+    help="Party A keeps the gradients B sends (first and last epoch) in runs/<id>/gradients.npz, for the "
+    "label-leakage measurement.",
+)
 
 
 def _overrides(**kw: Any) -> dict[str, Any]:
@@ -165,6 +189,11 @@ def _overrides(**kw: Any) -> dict[str, Any]:
         "extractor.dim": kw["dim"],
         "extractor.dropout": kw["dropout"],
         **{f"extractor.params.{key}": value for key, value in _params(kw["param"]).items()},
+        "label_privacy.mode": kw["label_privacy"],
+        "label_privacy.epsilon": _epsilon(kw["label_epsilon"]),
+        "label_privacy.delta": kw["label_delta"],
+        **{f"label_privacy.pate.{key}": value for key, value in _params(kw["label_param"]).items()},
+        "record_gradients": kw["record_gradients"],
     }
 
 
@@ -237,6 +266,17 @@ def print_summaries(summaries: list[RunSummary]) -> None:
         if s.accounting == "hidden-batch":
             console.print(f"  {_hidden_batch_numbers(s.epsilon_events, s.epsilon_bound6)} {s.assumption}", highlight=False)
         console.print(f"  status: {s.status_url}", highlight=False)
+        if s.label_privacy != "none":
+            spent = "-" if s.label_epsilon_spent is None else format_epsilon(s.label_epsilon_spent)
+            budget = "-" if s.label_epsilon_budget is None else format_epsilon(s.label_epsilon_budget)
+            delta = "" if s.label_delta is None else f" at δ={s.label_delta:.3g}"
+            console.print(
+                f"  B's labels ({s.label_privacy}): label-level ε spent {spent} of {budget}{delta}, a separate "
+                f"ledger ({s.label_run_id}); privacy unit: one label of one of B's training nodes. {s.label_note}",
+                highlight=False,
+            )
+        else:
+            console.print("  B's labels: not protected from party A (--label-privacy none)", highlight=False)
 
 
 def _write_json(path: Path | None, summary: RunSummary) -> None:
@@ -303,6 +343,11 @@ def train(
     wire_dtype: Optional[WireDType] = WireOpt,
     dim: Optional[int] = DimOpt,
     dropout: Optional[float] = DropoutOpt,
+    label_privacy: Optional[LabelPrivacy] = LabelPrivacyOpt,
+    label_epsilon: Optional[str] = LabelEpsilonOpt,
+    label_delta: Optional[float] = LabelDeltaOpt,
+    label_param: Optional[list[str]] = LabelParamOpt,
+    record_gradients: Optional[bool] = RecordGradientsOpt,
     json_out: Optional[Path] = JsonOutOpt,
 ) -> None:
     """Train one run against running services, with a live progress bar."""
@@ -357,6 +402,32 @@ def _print_verification(result) -> None:
     )
 
 
+def _label_ledger(status_client, base, view):
+    """B's label ledger of run ``view`` (``<run id>.labels``), if B protected its labels."""
+    if view.privacy_unit == "label":
+        return None
+    try:
+        return status_client.run_status(base, f"{view.run_id}.labels")
+    except status_client.StatusError:
+        return None
+
+
+def _print_view(view, title: str = "") -> None:
+    heading = f"[bold]run {view.run_id}[/] ({view.status}) — {view.extractor}, privacy unit: {view.privacy_unit}"
+    console.print(heading + (f" — {title}" if title else ""), highlight=False)
+    console.print(
+        f"ε spent {format_epsilon(view.epsilon_spent)} of {format_epsilon(view.epsilon_budget)} at δ={view.delta:.3g} "
+        f"({view.accounting}, computed by {view.accountant}, requested {view.accountant_requested}); "
+        f"{view.charges} charges, {view.counted_charges} counted; {_bounds_text(view)}",
+        highlight=False,
+    )
+    if view.accounting == "hidden-batch":
+        console.print(_hidden_batch_numbers(view.epsilon_events, view.epsilon_bound6), highlight=False)
+    console.print(f"accounting: {view.assumption}", highlight=False)
+    if view.closed_reason:
+        console.print(f"closed: {view.closed_reason}", highlight=False)
+
+
 @app.command()
 def status(
     run_id: Optional[str] = typer.Argument(None, help="A run id; without it, list all runs."),
@@ -381,31 +452,29 @@ def status(
                 return
             console.print(f"runs at {base}", highlight=False)
             table = Table(box=box.SIMPLE_HEAD)
-            for column in ("run", "status", "extractor", "mode", "ε / budget", "δ", "charges"):
+            for column in ("run", "status", "extractor", "unit", "mode", "ε / budget", "δ", "charges"):
                 table.add_column(column, no_wrap=True)
             for r in runs:
-                table.add_row(r.run_id, r.status, r.extractor, r.accounting,
+                table.add_row(r.run_id, r.status, r.extractor, r.privacy_unit, r.accounting,
                               f"{format_epsilon(r.epsilon_spent)} / {format_epsilon(r.epsilon_budget)}", f"{r.delta:.3g}", str(r.charges))
             console.print(table)
             if any(r.accounting == "hidden-batch" for r in runs):
                 console.print("hidden-batch runs assume B cannot tell which edges a step used: no guarantee against B.")
             return
         view = status_client.run_status(base, run_id)
+        labels = _label_ledger(status_client, base, view)
         if as_json:
-            console.print_json(view.model_dump_json())
+            if labels is None:
+                console.print_json(view.model_dump_json())
+            else:  # both ledgers, each with its own privacy unit; never one number
+                console.print_json(json.dumps({
+                    "run": json.loads(view.model_dump_json()), "label_ledger": json.loads(labels.model_dump_json()),
+                }))
         else:
-            console.print(f"[bold]run {view.run_id}[/] ({view.status}) — {view.extractor}, privacy unit: {view.privacy_unit}", highlight=False)
-            console.print(
-                f"ε spent {format_epsilon(view.epsilon_spent)} of {format_epsilon(view.epsilon_budget)} at δ={view.delta:.3g} "
-                f"({view.accounting}, computed by {view.accountant}, requested {view.accountant_requested}); "
-                f"{view.charges} charges, {view.counted_charges} counted; {_bounds_text(view)}",
-                highlight=False,
-            )
-            if view.accounting == "hidden-batch":
-                console.print(_hidden_batch_numbers(view.epsilon_events, view.epsilon_bound6), highlight=False)
-            console.print(f"accounting: {view.assumption}", highlight=False)
-            if view.closed_reason:
-                console.print(f"closed: {view.closed_reason}", highlight=False)
+            _print_view(view, "party A's ledger" if labels is not None else "")
+            if labels is not None:
+                console.print()
+                _print_view(labels, "party B's label ledger, separate from A's and never added to it")
         if plot is not None:
             from vesper.coordinator.epsilon_plot import plot_epsilon
 
@@ -466,6 +535,11 @@ def demo(
     wire_dtype: Optional[WireDType] = WireOpt,
     dim: Optional[int] = DimOpt,
     dropout: Optional[float] = DropoutOpt,
+    label_privacy: Optional[LabelPrivacy] = LabelPrivacyOpt,
+    label_epsilon: Optional[str] = LabelEpsilonOpt,
+    label_delta: Optional[float] = LabelDeltaOpt,
+    label_param: Optional[list[str]] = LabelParamOpt,
+    record_gradients: Optional[bool] = RecordGradientsOpt,
     json_out: Optional[Path] = JsonOutOpt,
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file with a \\[run] section to start from."),
     workdir: Path = typer.Option(Path(".vesper/demo"), "--workdir", help="Configs, logs, ledger and models of the demo."),
@@ -477,7 +551,15 @@ def demo(
     from vesper.coordinator.run_client import RunClientError, drive_run
 
     cfg = _load(config)
-    run = _run_config(cfg, _overrides(**locals()))
+    overrides = _overrides(**locals())
+    chosen = extractor is not None or (cfg.run is not None and "extractor" in cfg.run.model_fields_set)
+    if label_privacy == LabelPrivacy.pate and not chosen:
+        overrides["extractor.name"] = "relational"  # a frozen encoder A trains without B's labels
+        console.print("label privacy pate: party A uses the relational extractor (pre-trained without B's labels)")
+    run = _run_config(cfg, overrides)
+    if baseline and run.label_privacy.mode == "pate":
+        baseline = False
+        console.print("label privacy pate: no MLP baseline (its encoder would be frozen untrained)")
     console.print(f"starting the accountant, party B and party A on loopback (logs in {workdir / 'logs'})")
     try:
         with LocalCluster(workdir.resolve()) as cluster:

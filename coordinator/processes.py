@@ -147,6 +147,7 @@ class LocalCluster:
         self.extra_b = party_b or {}
         self.ledger = ledger or workdir / "ledger.sqlite"
         self.charge_token_file = self.ledger.parent / "charge.token"
+        self.label_token_file = self.ledger.parent / "label-charge.token"
         self.datasets = datasets or {}
         self.services: dict[str, ServiceProcess] = {}
 
@@ -173,15 +174,21 @@ class LocalCluster:
         write_section(configs / "accountant.toml", "accountant", {
             "listen": "127.0.0.1:0", "rest_listen": "127.0.0.1:0", "ledger": str(self.ledger),
             "charge_token_file": str(self.charge_token_file),
-        })
-        write_section(configs / "party_b.toml", "party_b", {
-            "listen": "127.0.0.1:0", "workdir": str(self.workdir / "party_b"),
-            "datasets": self.datasets, **self.extra_b,
+            "label_charge_token_file": str(self.label_token_file),
         })
         accountant = start_service("accountant", configs / "accountant.toml", self.workdir)
+        self.services = {"accountant": accountant}
+        accountant.wait_ready()  # party B needs its address and its label token (B's own ledger)
+        write_section(configs / "party_b.toml", "party_b", {
+            "listen": "127.0.0.1:0", "workdir": str(self.workdir / "party_b"),
+            "datasets": self.datasets,
+            "accountant": accountant.grpc_address,
+            "accountant_status_url": accountant.info["rest_url"],
+            "accountant_token_file": str(self.label_token_file),
+            **self.extra_b,
+        })
         party_b = start_service("party-b", configs / "party_b.toml", self.workdir)
-        self.services = {"accountant": accountant, "party-b": party_b}
-        accountant.wait_ready()
+        self.services["party-b"] = party_b
         party_b.wait_ready()
         write_section(configs / "party_a.toml", "party_a", {
             "listen": "127.0.0.1:0",

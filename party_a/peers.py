@@ -90,28 +90,30 @@ class TrainingStream:
 
 
 class EvaluationStream:
-    """Evaluation chunks to B: A's thread charges each chunk, then hands it over here."""
+    """Evaluation (or, under pate, collection) chunks to B: A's thread charges each chunk,
+    then hands it over here; B answers once at the end."""
 
-    def __init__(self, stub: lp_grpc.LabelPartyStub, address: str, timeout_s: float) -> None:
+    def __init__(self, method, address: str, timeout_s: float, what: str = "the evaluation") -> None:
         self.address = address
         self.timeout_s = timeout_s
+        self.what = what
         self._requests = _Outbox()
-        self._future = stub.Evaluate.future(iter(self._requests))
+        self._future = method.future(iter(self._requests))
 
     def send(self, chunk: lp_pb.EvalChunk) -> None:
         if self._future.done():
             self.result()  # raises B's error
         self._requests.put(chunk)
 
-    def result(self) -> lp_pb.EvalResult:
+    def result(self):
         self._requests.close()
         try:
             return self._future.result(timeout=self.timeout_s)
         except grpc.FutureTimeoutError:
             self._future.cancel()
-            raise PeerError(f"party B at {self.address} did not finish the evaluation within {self.timeout_s:g} s") from None
+            raise PeerError(f"party B at {self.address} did not finish {self.what} within {self.timeout_s:g} s") from None
         except grpc.RpcError as error:
-            raise PeerError(f"party B at {self.address} failed the evaluation: {describe_rpc_error(error)}") from None
+            raise PeerError(f"party B at {self.address} failed {self.what}: {describe_rpc_error(error)}") from None
 
     def cancel(self) -> None:
         self._requests.close()
@@ -138,7 +140,11 @@ class LabelPartyClient:
         return TrainingStream(self._stub, self.address, self.timeout_s)
 
     def evaluation(self) -> EvaluationStream:
-        return EvaluationStream(self._stub, self.address, self.timeout_s)
+        return EvaluationStream(self._stub.Evaluate, self.address, self.timeout_s)
+
+    def collection(self) -> EvaluationStream:
+        """pate: embeddings for B's teachers; B answers with the answered queries."""
+        return EvaluationStream(self._stub.Collect, self.address, self.timeout_s, "the teachers' queries")
 
     def finish(self, run_id: str, status: str, reason: str) -> None:
         """Best effort: B may be the reason the run ended."""

@@ -17,7 +17,7 @@ calibrated run ends with ε spent = the calibrated ε ≤ budget.
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import math
 import os
 import time
@@ -30,6 +30,7 @@ import dp_accounting as dpa
 import torch
 from torch import nn
 
+from vesper.common.accountant_client import nodes_digest
 from vesper.common.config import Metric, PartyAConfig, RunConfig, RunSummary
 from vesper.common.dataset_files import load_graph_part
 from vesper.common.optim import build_optimizer
@@ -47,6 +48,7 @@ from vesper.party_a.extractors.base import (
     shuffled_batches,
 )
 from vesper.party_a.extractors.registry import lookup, validated_params
+from vesper.party_a.gradient_record import GradientRecord
 from vesper.party_a.graph_store import Graph, build_graph
 from vesper.party_a.peers import (
     AccountantClient,
@@ -122,9 +124,10 @@ def _relation(extractor: Extractor) -> str:
 Batches = Callable[[torch.Tensor, int, torch.Generator], list[torch.Tensor]]
 
 
-def nodes_digest(node_ids: torch.Tensor) -> str:
-    """What the accountant stores to recognise a retried charge as the same release."""
-    return hashlib.sha256(node_ids.cpu().to(torch.int64).numpy().tobytes()).hexdigest()[:32]
+def _mask(ids: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    mask = torch.zeros(num_nodes, dtype=torch.bool)
+    mask[ids.cpu()] = True
+    return mask
 
 
 def _secret_generators(settings: PartyAConfig, run_seed: int, device: torch.device) -> tuple[torch.Generator, torch.Generator]:
@@ -186,6 +189,8 @@ class GraphPartyRun:
         self.steps_done = 0
         self.status_url = f"{settings.accountant_status_url.rstrip('/')}/v1/runs/{self.run_id}"
         self.sampling_generator, self.noise_generator = _secret_generators(settings, config.seed, self.device)
+        self.gradients: GradientRecord | None = None
+        self.label_ledger_id = ""
 
     # -- the run -------------------------------------------------------------------------------
     def execute(self) -> RunSummary:
@@ -206,8 +211,15 @@ class GraphPartyRun:
             })
             reply = self._setup_label_party(self.run_id, extractor.output_layers)
             b_ready = True
+            summary = self._with_labels(summary, reply)
             roots = self._plan(reply)
             plan = extractor.charge_plan(roots)
+            if cfg.label_privacy.mode == "pate" and plan.stages:
+                raise ValueError(
+                    f"label_privacy.mode=pate needs an extractor that A trains without B's labels, but "
+                    f"{cfg.extractor.name} trains stage(s) {', '.join(s.name for s in plan.stages)} with them; "
+                    "use e.g. relational, or relational-gap with encoder_epochs=0"
+                )
             release = self._release(roots, plan, overrides_root_batches(extractor))
             extractor.bind(release.noise_multiplier)
             summary = summary.model_copy(update={
@@ -221,10 +233,18 @@ class GraphPartyRun:
             run_created = True
             self._check_plan_fits(roots, plan, release)
             extractor.prepare(_Preparation(self, roots, release))
+            eval_index = 0
+            if cfg.label_privacy.mode == "pate":
+                roots, eval_index, note = self._collect(roots, release, extractor)
+                summary = summary.model_copy(update={"label_note": note})
             parameters = extractor.trainable_parameters()
             optimizer = build_optimizer(cfg.optimizer, parameters) if parameters else None
+            if cfg.record_gradients:
+                self.gradients = GradientRecord(cfg.epochs, reply.num_classes)
             self._train(roots, release, extractor, optimizer)
-            metrics = self._evaluate(roots, release, extractor)
+            if self.gradients is not None:
+                self.gradients.save(self._run_dir() / "gradients.npz")
+            metrics = self._evaluate(roots, release, extractor, eval_index)
             self._save(extractor, optimizer)
             summary = summary.model_copy(update={
                 "status": "completed",
@@ -254,6 +274,7 @@ class GraphPartyRun:
                     summary = summary.model_copy(update={"message": f"{summary.message}; {exc}"})
             if b_ready:
                 self.label_party.finish(self.run_id, status, summary.message)
+            summary = self._label_ledger_final(summary)
         summary = summary.model_copy(update={
             "epsilon_spent": self.epsilon_spent, "steps": self.steps_done,
             "seconds": round(time.monotonic() - started, 3),
@@ -293,8 +314,33 @@ class GraphPartyRun:
             num_layers=layers,
             wire_dtype=dtype_to_proto(cfg.wire_dtype),
             split_seed=cfg.split_seed,
+            label_privacy_json="" if cfg.label_privacy.mode == "none" else cfg.label_privacy.model_dump_json(),
+            label_run_id=self.run_id,
         )
         return self.label_party.setup(request)
+
+    def _with_labels(self, summary: RunSummary, reply: lp_pb.SetupRunReply) -> RunSummary:
+        """What B says about its label ledger (B's own run at the accountant)."""
+        if self.config.label_privacy.mode == "none":
+            return summary
+        if not reply.label_ledger_id:
+            raise PeerError("the run asks for label privacy but party B opened no label ledger")
+        self.label_ledger_id = reply.label_ledger_id
+        return summary.model_copy(update={
+            "label_privacy": self.config.label_privacy.mode, "label_run_id": reply.label_ledger_id,
+            "label_epsilon_budget": reply.label_epsilon_budget, "label_epsilon_spent": reply.label_epsilon_spent,
+            "label_delta": reply.label_delta, "label_note": reply.label_note,
+        })
+
+    def _label_ledger_final(self, summary: RunSummary) -> RunSummary:
+        """B's label ledger as the accountant has it at the end (B charges it, A only reads)."""
+        if not self.label_ledger_id:
+            return summary
+        try:
+            status = self.accountant.get_run(self.label_ledger_id)
+        except PeerError as exc:
+            return summary.model_copy(update={"message": f"{summary.message}; {exc}"})
+        return summary.model_copy(update={"label_epsilon_spent": status.epsilon_spent})
 
     def _plan(self, reply: lp_pb.SetupRunReply) -> RootPlan:
         num_nodes = self.data.graph.num_nodes
@@ -304,25 +350,35 @@ class GraphPartyRun:
                 f"party A's graph has {num_nodes}"
             )
         ids = {}
-        for name in ("train", "val", "test"):
+        for name in ("train", "val", "test", "query"):
             values = list(getattr(reply, f"{name}_ids"))
-            if not values and name != "val":
+            if not values and name in ("train", "test"):
                 raise ValueError(f"party B's split has no {name} nodes")
             ids[name] = (
                 validate_node_ids(values, name=f"party B's {name} split", num_nodes=num_nodes)
                 if values else torch.empty(0, dtype=torch.int64)
             )
-        # both charging forms need every node to be a root at most once per pass
-        evaluated = torch.cat([ids["val"], ids["test"]])
+        pate = self.config.label_privacy.mode == "pate"
+        if pate and not ids["query"].numel():
+            raise ValueError("label privacy pate: party B named no query nodes")
+        # both charging forms need every node to be a root at most once per pass; under
+        # pate the teachers' nodes and the queries are released in the evaluation pass too
+        evaluated = torch.cat([ids["val"], ids["test"], *((ids["train"], ids["query"]) if pate else ())])
         if torch.unique(evaluated).numel() != evaluated.numel():
-            raise ValueError("party B's val and test splits overlap: a node would be released twice in one pass")
+            what = "splits (val, test, training nodes and queries)" if pate else "val and test splits"
+            raise ValueError(f"party B's {what} overlap: a node would be released twice in one pass")
         chunk = self.config.eval_chunk
+        chunks = sum(math.ceil(ids[name].numel() / chunk) for name in ("val", "test"))
+        if pate:
+            chunks += math.ceil(ids["train"].numel() / chunk) + math.ceil(ids["query"].numel() / chunk)
+        train = ids["query"] if pate else ids["train"]
         return RootPlan(
-            train_ids=ids["train"],
+            train_ids=train,
             val_ids=ids["val"],
             test_ids=ids["test"],
-            steps_per_epoch=math.ceil(ids["train"].numel() / self.config.batch_size),
-            eval_chunks=math.ceil(ids["val"].numel() / chunk) + math.ceil(ids["test"].numel() / chunk),
+            steps_per_epoch=math.ceil(train.numel() / self.config.batch_size),
+            eval_chunks=chunks,
+            teacher_ids=ids["train"] if pate else torch.empty(0, dtype=torch.int64),
         )
 
     def _release(self, roots: RootPlan, plan: ChargePlan, chooses_roots: bool = False) -> Release:
@@ -437,7 +493,7 @@ class GraphPartyRun:
     def _train_epochs(
         self, session_id: str, roots: RootPlan, release: Release, make: Callable[[torch.Tensor], torch.Tensor],
         optimizer: torch.optim.Optimizer | None, epochs: int, layers: int, pass_prefix: str, label: str,
-        batches: Batches = shuffled_batches,
+        batches: Batches = shuffled_batches, record: GradientRecord | None = None,
     ) -> None:
         """``epochs`` passes over the train roots on B's session ``session_id``."""
         cfg = self.config
@@ -460,6 +516,8 @@ class GraphPartyRun:
                         embeddings=encode_tensor(embeddings, cfg.wire_dtype),
                     ))
                     gradient = self._check_reply(reply, session_id, step, (batch.numel(), *shape_tail))
+                    if record is not None:
+                        record.add(epoch, batch, gradient)
                     if optimizer is not None and embeddings.requires_grad:
                         optimizer.zero_grad(set_to_none=True)
                         embeddings.backward(gradient.to(self.device))
@@ -492,11 +550,14 @@ class GraphPartyRun:
             self.label_party.finish(session_id, status, reason)
 
     def _train(self, roots: RootPlan, release: Release, extractor: Extractor, optimizer: torch.optim.Optimizer | None) -> None:
+        if not roots.train_ids.numel():
+            self.report(ProgressEvent("train", message="no training roots (no query was answered): nothing to train"))
+            return
         extractor.train()
         self._train_epochs(
             self.run_id, roots, release, lambda batch: extractor.release(batch, "train"), optimizer,
             self.config.epochs, extractor.output_layers, "train", "",
-            getattr(extractor, "root_batches", shuffled_batches),
+            getattr(extractor, "root_batches", shuffled_batches), self.gradients,
         )
 
     def _check_reply(self, reply: lp_pb.TrainStepReply, session_id: str, step: int, shape: tuple[int, ...]) -> torch.Tensor:
@@ -515,12 +576,49 @@ class GraphPartyRun:
             raise PeerError(f"party B sent an unusable gradient at step {reply.step}: {exc}") from None
 
     @torch.no_grad()
-    def _evaluate(self, roots: RootPlan, release: Release, extractor: Extractor) -> dict[str, Metric]:
+    def _collect(self, roots: RootPlan, release: Release, extractor: Extractor) -> tuple[RootPlan, int, str]:
+        """pate: A's frozen embeddings of B's labelled nodes and of the queries, released in
+        the evaluation pass; B answers with the answered queries, the student's roots."""
+        cfg = self.config
+        extractor.train(False)
+        stream = self.label_party.collection()
+        index = 0
+        try:
+            for split, ids in (("train", roots.teacher_ids), ("query", roots.train_ids)):
+                for chunk in ids.split(cfg.eval_chunk):
+                    if self.cancelled():
+                        raise Cancelled()
+                    self.report(ProgressEvent("prepare", message=f"embeddings for B's teachers ({split})",
+                                              epsilon_spent=self.epsilon_spent))
+                    embeddings = self._charged_release(
+                        lambda nodes: extractor.release(nodes, "eval"), chunk, release, "eval-0", "eval", index
+                    )
+                    index += 1
+                    stream.send(lp_pb.EvalChunk(
+                        run_id=self.run_id, eval_id=0, split=split, node_ids=chunk.tolist(),
+                        embeddings=encode_tensor(embeddings, cfg.wire_dtype),
+                    ))
+            reply = stream.result()
+        except BaseException:
+            stream.cancel()
+            raise
+        answered = (
+            validate_node_ids(list(reply.answered_ids), name="party B's answered queries", allowed=_mask(roots.train_ids, self.data.graph.num_nodes), num_nodes=self.data.graph.num_nodes)
+            if reply.answered_ids else torch.empty(0, dtype=torch.int64)
+        )
+        student = dataclasses.replace(
+            roots, train_ids=answered, steps_per_epoch=math.ceil(answered.numel() / cfg.batch_size),
+        )
+        self.report(ProgressEvent("prepare", message=reply.label_note, epsilon_spent=self.epsilon_spent))
+        return student, index, reply.label_note
+
+    @torch.no_grad()
+    def _evaluate(self, roots: RootPlan, release: Release, extractor: Extractor, first_index: int = 0) -> dict[str, Metric]:
         cfg = self.config
         extractor.train(False)
         stream = self.label_party.evaluation()
         try:
-            index = 0
+            index = first_index
             for split, ids in (("val", roots.val_ids), ("test", roots.test_ids)):
                 for chunk in ids.split(cfg.eval_chunk):
                     if self.cancelled():

@@ -24,10 +24,11 @@ class LabelStore:
         return int(self.labels.numel())
 
 
-def load_labels(path: Path, split_seed: int) -> LabelStore:
+def load_labels(path: Path, split_seed: int, label_independent: bool = False) -> LabelStore:
+    """B's labels and split; ``label_independent`` when B protects its labels (common/splits.py)."""
     part = load_label_part(path)
     labels = torch.from_numpy(part.labels)
     num_classes = int(labels.max()) + 1
     if num_classes < 2:
         raise ValueError(f"{path}: a classification task needs at least two classes")
-    return LabelStore(labels, split_for(part, split_seed), num_classes, metric_name(num_classes))
+    return LabelStore(labels, split_for(part, split_seed, label_independent=label_independent), num_classes, metric_name(num_classes))

@@ -20,7 +20,9 @@ import grpc
 import torch
 from pydantic import ValidationError
 
-from vesper.common.config import DecoderConfig, OptimizerConfig, PartyBConfig
+from vesper.common.accountant_client import AccountantClient, BudgetRefused, PeerError
+from vesper.common.charge_token import TokenError, read_token
+from vesper.common.config import DecoderConfig, LabelPrivacyConfig, OptimizerConfig, PartyBConfig
 from vesper.common.dataset_files import DatasetError, resolve_dataset
 from vesper.common.grpc_server import start_server, wait_for_signal, write_ready_file
 from vesper.common.wire import (
@@ -31,6 +33,7 @@ from vesper.common.wire import (
     validate_node_ids,
 )
 from vesper.party_b.label_data import LabelStore, load_labels
+from vesper.party_b.label_guard import LabelGuard, LabelGuardError, secret_generator
 from vesper.party_b.session import LabelSession, SplitScores
 from vesper.proto.v1 import label_party_pb2 as pb
 from vesper.proto.v1 import label_party_pb2_grpc as pb_grpc
@@ -67,8 +70,27 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
         self.receipts = ReceiptLog(config.receipt_log)
         self.max_elements = config.max_message_mb * 1024 * 1024 // 2
         self._sessions: dict[str, LabelSession] = {}
-        self._stores: dict[tuple[Path, int], LabelStore] = {}
+        self._stores: dict[tuple[Path, int, bool], LabelStore] = {}
+        self._guards: dict[str, LabelGuard] = {}
         self._lock = threading.Lock()
+        self.accountant = self._accountant_client(config)
+
+    @staticmethod
+    def _accountant_client(config: PartyBConfig) -> AccountantClient | None:
+        """B's client for its own label ledger (None: B cannot offer label privacy)."""
+        if config.accountant is None:
+            return None
+        token = None
+        if config.accountant_token_file is not None:
+            try:
+                token = read_token(config.accountant_token_file)
+            except TokenError as exc:
+                raise ValueError(f"party B: {exc}") from None
+        return AccountantClient(
+            config.accountant, token,
+            token_hint="party B has no label charge token for the accountant at {address} (set "
+            "party_b.accountant_token_file to a copy of the accountant's label charge token file)",
+        )
 
     # -- helpers ---------------------------------------------------------------------------
     def _session(self, run_id: str, context: grpc.ServicerContext) -> LabelSession:
@@ -89,12 +111,58 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
         )
         return ids, tensor
 
-    def _store(self, path: Path, split_seed: int) -> LabelStore:
-        key = (path.resolve(), split_seed)
+    def _store(self, path: Path, split_seed: int, label_independent: bool) -> LabelStore:
+        key = (path.resolve(), split_seed, label_independent)
         with self._lock:
             if key not in self._stores:
-                self._stores[key] = load_labels(path, split_seed)
+                self._stores[key] = load_labels(path, split_seed, label_independent)
             return self._stores[key]
+
+    def _label_privacy(self, request: pb.SetupRunRequest, context: grpc.ServicerContext) -> LabelPrivacyConfig:
+        try:
+            settings = (
+                LabelPrivacyConfig.model_validate_json(request.label_privacy_json)
+                if request.label_privacy_json else LabelPrivacyConfig()
+            )
+        except ValidationError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad label privacy settings: {exc}")
+        if settings.mode == "none" and self.config.require_label_privacy:
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "party B requires label privacy (party_b.require_label_privacy): choose label_privacy.mode rr or pate",
+            )
+        return settings
+
+    def _guard(
+        self, request: pb.SetupRunRequest, settings: LabelPrivacyConfig, store: LabelStore, context: grpc.ServicerContext
+    ) -> LabelGuard:
+        """The run's label guard: made (and its ledger opened and charged) by the run's first session."""
+        label_run_id = request.label_run_id or request.run_id
+        if not RUN_ID.match(label_run_id):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"label run id {label_run_id!r} must match {RUN_ID.pattern}")
+        with self._lock:
+            guard = self._guards.get(label_run_id)
+        if guard is not None:
+            if guard.config != settings or guard.store is not store:
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"session {request.run_id!r} asks for other data or label privacy than run {label_run_id!r}",
+                )
+            return guard
+        guard = LabelGuard(
+            label_run_id, settings, store, secret_generator(self.config.secret_seed, request.seed), self.accountant
+        )
+        try:
+            guard.open()
+        except LabelGuardError as exc:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except BudgetRefused as exc:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"party B's label ledger refused: {exc}")
+        except PeerError as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"party B could not open its label ledger: {exc}")
+        with self._lock:
+            self._guards[label_run_id] = guard
+        return guard
 
     # -- RPCs ------------------------------------------------------------------------------
     def SetupRun(self, request: pb.SetupRunRequest, context: grpc.ServicerContext) -> pb.SetupRunReply:
@@ -116,30 +184,49 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
             )
         except (WireError, ValidationError) as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad run set-up: {exc}")
+        settings = self._label_privacy(request, context)
+        with self._lock:
+            if request.run_id in self._sessions:
+                context.abort(grpc.StatusCode.ALREADY_EXISTS, f"run {request.run_id!r} is already set up")
         try:
             path = resolve_dataset(request.dataset, self.config.datasets)
-            store = self._store(path, request.split_seed)
+            store = self._store(path, request.split_seed, label_independent=settings.mode != "none")
         except DatasetError as exc:
             context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
         except ValueError as exc:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        guard = self._guard(request, settings, store, context)
         session = LabelSession(
             request.run_id, store, decoder, optimizer, request.embedding_dim, request.num_layers,
-            wire_dtype, request.seed, self.device,
+            wire_dtype, request.seed, self.device, guard,
         )
         with self._lock:
             if request.run_id in self._sessions:
                 context.abort(grpc.StatusCode.ALREADY_EXISTS, f"run {request.run_id!r} is already set up")
             self._sessions[request.run_id] = session
-        log.info("run %s set up: %s, %s, %d classes", request.run_id, request.dataset, store.split.description, store.num_classes)
+        log.info(
+            "run %s set up: %s, %s, %d classes, label privacy %s", request.run_id, request.dataset,
+            store.split.description, store.num_classes, settings.mode,
+        )
+        queries = guard.query_ids
+        val = torch.from_numpy(store.split.val)
+        if queries.numel():
+            val = val[~torch.isin(val, queries)]  # a query's embedding trains the student: not a validation node
+            session.split_masks["val"][queries] = False
         return pb.SetupRunReply(
             train_ids=store.split.train.tolist(),
-            val_ids=store.split.val.tolist(),
+            val_ids=val.tolist(),
             test_ids=store.split.test.tolist(),
             num_classes=store.num_classes,
             metric=store.metric,
             split=store.split.description,
             num_nodes=store.num_nodes,
+            label_ledger_id=guard.ledger_id,
+            label_epsilon_spent=guard.epsilon_spent,
+            label_epsilon_budget=settings.epsilon,
+            label_delta=guard.delta,
+            query_ids=queries.tolist(),
+            label_note=guard.note,
         )
 
     def Train(self, request_iterator: Iterator[pb.TrainStep], context: grpc.ServicerContext) -> Iterator[pb.TrainStepReply]:
@@ -227,6 +314,68 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
             metrics=[pb.Metric(split=s, name=n, value=v, count=c) for s, n, v, c in results],
         )
 
+    def Collect(self, request_iterator: Iterator[pb.EvalChunk], context: grpc.ServicerContext) -> pb.CollectReply:
+        """pate: A's frozen embeddings of B's labelled nodes and of the queries, then the teachers' answers."""
+        session: LabelSession | None = None
+        received: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {"train": ([], []), "query": ([], [])}
+        seen = None
+        for chunk in request_iterator:
+            self.receipts.record(kind="collect", run_id=chunk.run_id, split=chunk.split, num_nodes=len(chunk.node_ids))
+            if session is None:
+                session = self._session(chunk.run_id, context)
+                if session.guard.mode != "pate" or session.run_id != session.guard.run_id:
+                    context.abort(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"run {chunk.run_id!r} does not use label_privacy.mode=pate: nothing to collect",
+                    )
+                allowed = {
+                    "train": torch.from_numpy(session.store.split.train),
+                    "query": session.guard.query_ids,
+                }
+                masks = {}
+                for name, ids in allowed.items():
+                    masks[name] = torch.zeros(session.store.num_nodes, dtype=torch.bool)
+                    masks[name][ids] = True
+                seen = torch.zeros(session.store.num_nodes, dtype=torch.bool)
+            elif chunk.run_id != session.run_id:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a collect stream must carry one run id")
+            if chunk.split not in received:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown split {chunk.split!r}; expected train or query")
+            try:
+                ids, embeddings = self._received(session, chunk.node_ids, chunk.embeddings, masks[chunk.split], f"{chunk.split} nodes")
+            except WireError as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            if bool(seen[ids].any()):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{chunk.split} node sent twice in one collection")
+            seen[ids] = True
+            received[chunk.split][0].append(ids)
+            received[chunk.split][1].append(embeddings.float())
+        if session is None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "empty collect stream")
+        missing = [name for name in ("train", "query") if not bool(seen[allowed[name]].all())]
+        if missing:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the collection lacks some {' and '.join(missing)} nodes: every labelled node and every query is needed",
+            )
+        (teacher_ids, teacher_emb), (query_ids, query_emb) = (
+            (torch.cat(received[name][0]), torch.cat(received[name][1])) for name in ("train", "query")
+        )
+        with session.lock:
+            try:
+                outcome = session.guard.answer_queries(teacher_ids, teacher_emb, query_ids, query_emb)
+            except LabelGuardError as exc:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            except BudgetRefused as exc:
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"party B's label ledger refused: {exc}")
+            except PeerError as exc:
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"party B could not charge its label ledger: {exc}")
+        log.info("run %s: %s", session.run_id, outcome.note)
+        return pb.CollectReply(
+            run_id=session.run_id, answered_ids=outcome.answered_ids.tolist(),
+            label_epsilon_spent=outcome.epsilon_spent, label_note=outcome.note,
+        )
+
     def FinishRun(self, request: pb.FinishRunRequest, context: grpc.ServicerContext) -> pb.FinishRunReply:
         session = self._session(request.run_id, context)
         with session.lock:
@@ -234,6 +383,12 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
             session.save(self.config.workdir / "runs" / request.run_id)
         with self._lock:
             self._sessions.pop(request.run_id, None)
+            guard = self._guards.pop(request.run_id, None)  # the run's main session ends its label guard
+        if guard is not None:
+            try:
+                guard.close(request.status or "completed", request.reason)
+            except PeerError as exc:
+                log.warning("run %s: could not close B's label ledger: %s", request.run_id, exc)
         log.info("run %s finished at B: %s %s", request.run_id, request.status, request.reason)
         return pb.FinishRunReply()
 

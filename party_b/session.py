@@ -9,11 +9,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from vesper.common.config import DecoderConfig, OptimizerConfig
+from vesper.common.config import DecoderConfig, LabelPrivacyConfig, OptimizerConfig
 from vesper.common.optim import build_optimizer
 from vesper.common.wire import WireDType
 from vesper.party_b.decoders import build_decoder
 from vesper.party_b.label_data import LabelStore
+from vesper.party_b.label_guard import LabelGuard
 from vesper.party_b.metrics import compute_metric
 
 
@@ -37,18 +38,19 @@ class LabelSession:
         wire_dtype: WireDType,
         seed: int,
         device: torch.device,
+        guard: LabelGuard | None = None,
     ) -> None:
         self.run_id = run_id
         self.store = store
+        # no guard: the true labels, as under label_privacy.mode none
+        self.guard = guard or LabelGuard(run_id, LabelPrivacyConfig(), store, torch.Generator())
         self.dim, self.layers, self.wire_dtype = dim, layers, wire_dtype
         self.device = device
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.decoder = build_decoder(decoder, dim, layers, store.num_classes).to(device)
         self.optimizer = build_optimizer(optimizer, self.decoder.parameters())
-        self.labels = store.labels.to(device)
-        self.train_mask = torch.zeros(store.num_nodes, dtype=torch.bool)
-        self.train_mask[torch.from_numpy(store.split.train)] = True
+        self.labels = store.labels.to(device)  # the truth, for metrics on held-out nodes only
         self.split_masks = {}
         for name in ("val", "test"):
             mask = torch.zeros(store.num_nodes, dtype=torch.bool)
@@ -59,11 +61,21 @@ class LabelSession:
         self.streaming = False
         self.finished = False
 
+    @property
+    def train_mask(self) -> torch.Tensor:
+        """The roots B trains on: its labelled nodes, or (pate) the answered queries."""
+        return self.guard.train_mask
+
     def train_step(self, node_ids: torch.Tensor, embeddings: torch.Tensor) -> tuple[torch.Tensor, float]:
-        """Decode, compute the loss (eq. 37), update the decoder, return dLoss/dEmbeddings (eq. 38)."""
+        """Decode, compute the loss (eq. 37), update the decoder, return dLoss/dEmbeddings (eq. 38).
+
+        The loss reads the guard's training labels: the truth, randomised response's
+        privatised labels, or the teachers' answers (docs/label-privacy.md).
+        """
         self.decoder.train()
         received = embeddings.detach().to(self.device).requires_grad_(True)
-        loss = F.cross_entropy(self.decoder(received), self.labels[node_ids.to(self.device)])
+        targets = self.guard.train_labels[node_ids].to(self.device)
+        loss = F.cross_entropy(self.decoder(received), targets)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()

@@ -49,9 +49,9 @@ from __future__ import annotations
 
 import logging
 import math
-from decimal import Decimal, localcontext
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from decimal import Decimal, localcontext
 from functools import lru_cache
 from typing import Literal, get_args
 

@@ -81,13 +81,20 @@ class ExtractorSpec(BaseModel):
 
 @dataclass(frozen=True)
 class RootPlan:
-    """The roots B allows, and how many releases of each pass the run will make."""
+    """The roots B allows, and how many releases of each pass the run will make.
+
+    Under label privacy ``pate`` (docs/label-privacy.md) ``train_ids`` are B's query
+    nodes (the student's roots are the answered ones, at most these), and A first
+    releases its frozen embeddings of ``teacher_ids`` (B's labelled nodes) and of the
+    queries for B's teachers, in the evaluation pass: ``eval_chunks`` counts them.
+    """
 
     train_ids: torch.Tensor
     val_ids: torch.Tensor
     test_ids: torch.Tensor
     steps_per_epoch: int
     eval_chunks: int
+    teacher_ids: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
 
 
 @dataclass(frozen=True)
