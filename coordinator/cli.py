@@ -743,6 +743,15 @@ def _bench_sweep(
     console.print(f"wrote {out / 'results.csv'}, {out / 'results.md'} and {out / 'results.png'}", highlight=False)
 
 
+def _label_privacy_command():
+    from vesper.coordinator.label_privacy_table import label_privacy_command
+
+    return label_privacy_command
+
+
+bench_app.command("label-privacy")(_label_privacy_command())
+
+
 @bench_app.command("snr")
 def bench_snr(
     dataset: str = typer.Option("cora", "--dataset", help="A bundled name or an .npz path."),

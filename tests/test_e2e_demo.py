@@ -43,9 +43,9 @@ def test_demo_trains_reports_and_shuts_down(tmp_path: Path) -> None:
 
 
 # small settings keep each run short; the extractors' own tests cover their defaults
+# (relational runs in the pate demo below)
 QUICK = {
     "gap": ["--param", "encoder_epochs=2"], "vfgnn": [], "dpar-edge": [], "dpar-node": ["--param", "train_encoder=false"],
-    "relational": ["--param", "pretrain_steps=10"],
     "relational-gap": ["--param", "pretrain_steps=10", "--param", "encoder_epochs=2"],
     "heterpoisson": ["--batch-size", "512", "--dim", "16"],
 }
@@ -72,6 +72,43 @@ def test_demo_with_each_extractor_reports_epsilon_from_the_ledger(tmp_path: Path
         capture_output=True, text=True, timeout=60,
     )
     assert verify.returncode == 0 and f"= {summary['epsilon_spent']!r}" in verify.stdout, verify.stdout + verify.stderr
+
+
+LABEL_DEMOS = {
+    "rr": ["--extractor", "mlp", "--label-epsilon", "2"],
+    # no --extractor: the demo picks relational, a frozen encoder A trains without B's labels
+    "pate": ["--param", "pretrain_steps=10", "--label-epsilon", "4", "--label-param", "teachers=20"],
+}
+
+
+@pytest.mark.parametrize("mode", list(LABEL_DEMOS))
+def test_demo_with_label_privacy_shows_both_ledgers(tmp_path: Path, mode: str) -> None:
+    out = tmp_path / "demo.json"
+    workdir = tmp_path / "demo"
+    result = subprocess.run(
+        [sys.executable, "-m", "vesper.coordinator", "demo", "--workdir", str(workdir), "--label-privacy", mode,
+         "--epochs", "2", "--no-baseline", "--json-out", str(out), *LABEL_DEMOS[mode]],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads(out.read_text())
+    assert summary["status"] == "completed" and summary["label_privacy"] == mode
+    assert summary["extractor"] == ("mlp" if mode == "rr" else "relational")
+    assert 0 < summary["label_epsilon_spent"] <= summary["label_epsilon_budget"]
+    assert f"B's labels ({mode}): label-level ε spent" in result.stdout
+    # both ledgers verify from the ledger file alone, each with its own privacy unit
+    for run_id in (summary["run_id"], summary["label_run_id"]):
+        status = subprocess.run(
+            [sys.executable, "-m", "vesper.coordinator", "status", run_id, "--ledger", str(workdir / "ledger.sqlite"),
+             "--verify"],
+            capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"},
+        )
+        assert status.returncode == 0 and "verified" in status.stdout, status.stdout + status.stderr
+    status = subprocess.run(
+        [sys.executable, "-m", "vesper.coordinator", "status", summary["run_id"], "--ledger", str(workdir / "ledger.sqlite")],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"},
+    )
+    assert "privacy unit: label" in status.stdout and "party B's label ledger" in status.stdout, status.stdout
 
 
 def test_a_killed_demo_stops_the_services_it_started(tmp_path: Path) -> None:
