@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench-accounting bench-extractors bench-extractors-sweep proto check-proto clean
+.PHONY: demo test bench-accounting bench-extractors bench-extractors-sweep bench-label-privacy proto check-proto clean
 TOLOKERS ?= ../shared/data/tolokers.npz
 
 $(STAMP): pyproject.toml
@@ -38,6 +38,12 @@ bench-extractors-sweep: $(STAMP)
 	$(BIN)/vesper bench extractors --dataset cora --dataset $(TOLOKERS) \
 		--extractor mlp --extractor gap --extractor relational --extractor relational-gap --extractor heterpoisson \
 		--epsilon 1 --epsilon 4 --epsilon 8 --seeds 5 --jobs 2 --out docs/extractors/sweep
+
+# label leakage to party A against B's label epsilon (1, 2, 4, 8, inf), rr and pate, 3 seeds,
+# on Tolokers and Cora, two runs at a time (resumable; docs/label-privacy/)
+bench-label-privacy: $(STAMP)
+	$(BIN)/vesper bench label-privacy --dataset $(TOLOKERS) --seeds 3 --jobs 2 --out docs/label-privacy/tolokers
+	$(BIN)/vesper bench label-privacy --dataset cora --seeds 3 --jobs 2 --out docs/label-privacy/cora
 
 proto: $(STAMP)
 	$(BIN)/python -m vesper.proto.generate

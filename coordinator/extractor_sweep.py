@@ -14,8 +14,6 @@ a sweep:
 from __future__ import annotations
 
 import math
-import queue
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -34,6 +32,7 @@ from vesper.coordinator.extractor_table import (
     row_of,
     run_config,
 )
+from vesper.coordinator.worker_pool import run_cells
 
 Drive = Callable[[RunConfig], RunSummary]
 
@@ -83,8 +82,8 @@ def run_sweep(
             done[row.key] = row
             if epsilon_free(row.extractor):  # one completed seed serves every budget
                 done.setdefault((row.dataset, row.extractor, row.seed, "any", row.accounting), row)
-    work: queue.Queue[tuple[float, str, str, int]] = queue.Queue()
     rows: list[TableRow] = []
+    missing: list[tuple[float, str, str, int]] = []
     for epsilon, dataset, extractor, seed in planned_cells(epsilons, datasets, extractors, seeds, epsilon_free):
         label = dataset_label(dataset)
         found = done.get((label, extractor, seed, epsilon, accounting))
@@ -93,36 +92,22 @@ def run_sweep(
         if found is not None:
             rows.append(found)
         else:
-            work.put((epsilon, dataset, extractor, seed))
-    lock = threading.Lock()
-    errors: list[BaseException] = []
+            missing.append((epsilon, dataset, extractor, seed))
 
-    def worker(drive: Drive) -> None:
-        while not errors:
-            try:
-                epsilon, dataset, extractor, seed = work.get_nowait()
-            except queue.Empty:
-                return
-            with lock:
-                console.print(f"ε={epsilon:g} · {dataset_label(dataset)} · {extractor} · seed {seed}", highlight=False)
-            try:
-                row = row_of(drive(run_config(with_budget(base, epsilon), dataset, extractor, seed)), dataset, seed)
-            except BaseException as exc:  # noqa: BLE001 — stop the others, re-raised below
-                errors.append(exc)
-                return
-            with lock:
-                append_row(csv_path, row)
-                rows.append(row)
-                if row.status != "completed":
-                    console.print(f"  {row.status}: {row.message}", highlight=False)
+    def run(drive: Drive, cell: tuple[float, str, str, int]) -> TableRow:
+        epsilon, dataset, extractor, seed = cell
+        return row_of(drive(run_config(with_budget(base, epsilon), dataset, extractor, seed)), dataset, seed)
 
-    threads = [threading.Thread(target=worker, args=(drive,), daemon=True) for drive in drivers]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
+    def record(row: TableRow) -> None:
+        append_row(csv_path, row)
+        rows.append(row)
+        if row.status != "completed":
+            console.print(f"  {row.status}: {row.message}", highlight=False)
+
+    run_cells(
+        missing, drivers, run, record,
+        lambda cell: f"ε={cell[0]:g} · {dataset_label(cell[1])} · {cell[2]} · seed {cell[3]}", console,
+    )
     return rows
 
 

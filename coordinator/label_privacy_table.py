@@ -24,9 +24,7 @@ from __future__ import annotations
 import csv
 import functools
 import math
-import queue
 import statistics
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +38,7 @@ from rich.console import Console
 from vesper.common.config import RunConfig, RunSummary, load_config
 from vesper.common.dataset_files import DatasetError, load_label_part, resolve_dataset
 from vesper.common.splits import split_for
+from vesper.coordinator.worker_pool import run_cells
 
 if TYPE_CHECKING:
     from vesper.party_a.label_attack import RecordedGradients
@@ -281,45 +280,30 @@ def run_label_table(
     label = dataset_label(dataset)
     done = {row.key: row for row in read_rows(csv_path) if row.status == "completed"}
     rows: list[LabelRow] = []
-    work: queue.Queue[tuple[str, float, int]] = queue.Queue()
+    missing: list[tuple[str, float, int]] = []
     for mode, epsilon, seed in planned_cells(modes, epsilons, seeds):
         found = done.get((label, mode, epsilon, seed))
         if found is not None:
             rows.append(found)
         else:
-            work.put((mode, epsilon, seed))
-    lock = threading.Lock()
-    errors: list[BaseException] = []
+            missing.append((mode, epsilon, seed))
 
-    def worker(drive: Driver) -> None:
-        while not errors:
-            try:
-                mode, epsilon, seed = work.get_nowait()
-            except queue.Empty:
-                return
-            with lock:
-                console.print(f"{label} · {mode} · label ε={format_epsilon(epsilon)} · seed {seed}", highlight=False)
-            try:
-                config = cell_config(base, dataset, mode, epsilon, seed, pate_extractor)
-                labels = truth(config)  # before the run: a dataset the benchmark cannot read fails fast
-                summary, gradients = drive(config)
-                row = row_of(summary, gradients, config, labels)
-            except BaseException as exc:  # noqa: BLE001 — stop the other workers; re-raised below
-                errors.append(exc)
-                return
-            with lock:
-                append_row(csv_path, row)
-                rows.append(row)
-                if row.status != "completed":
-                    console.print(f"  {row.status}: {row.message}", highlight=False)
+    def run(drive: Driver, cell: tuple[str, float, int]) -> LabelRow:
+        config = cell_config(base, dataset, *cell, pate_extractor)
+        labels = truth(config)  # before the run: a dataset the benchmark cannot read fails fast
+        summary, gradients = drive(config)
+        return row_of(summary, gradients, config, labels)
 
-    threads = [threading.Thread(target=worker, args=(drive,), daemon=True) for drive in drivers]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
+    def record(row: LabelRow) -> None:
+        append_row(csv_path, row)
+        rows.append(row)
+        if row.status != "completed":
+            console.print(f"  {row.status}: {row.message}", highlight=False)
+
+    run_cells(
+        missing, drivers, run, record,
+        lambda cell: f"{label} · {cell[0]} · label ε={format_epsilon(cell[1])} · seed {cell[2]}", console,
+    )
     return rows
 
 

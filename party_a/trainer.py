@@ -53,6 +53,7 @@ from vesper.party_a.graph_store import Graph, build_graph
 from vesper.party_a.peers import (
     AccountantClient,
     BudgetRefused,
+    EvaluationStream,
     LabelPartyClient,
     PeerError,
 )
@@ -580,30 +581,16 @@ class GraphPartyRun:
         """pate: A's frozen embeddings of B's labelled nodes and of the queries, released in
         the evaluation pass; B answers with the answered queries, the student's roots."""
         cfg = self.config
-        extractor.train(False)
-        stream = self.label_party.collection()
-        index = 0
-        try:
-            for split, ids in (("train", roots.teacher_ids), ("query", roots.train_ids)):
-                for chunk in ids.split(cfg.eval_chunk):
-                    if self.cancelled():
-                        raise Cancelled()
-                    self.report(ProgressEvent("prepare", message=f"embeddings for B's teachers ({split})",
-                                              epsilon_spent=self.epsilon_spent))
-                    embeddings = self._charged_release(
-                        lambda nodes: extractor.release(nodes, "eval"), chunk, release, "eval-0", "eval", index
-                    )
-                    index += 1
-                    stream.send(lp_pb.EvalChunk(
-                        run_id=self.run_id, eval_id=0, split=split, node_ids=chunk.tolist(),
-                        embeddings=encode_tensor(embeddings, cfg.wire_dtype),
-                    ))
-            reply = stream.result()
-        except BaseException:
-            stream.cancel()
-            raise
+        reply, index = self._evaluation_pass(
+            self.label_party.collection(), (("train", roots.teacher_ids), ("query", roots.train_ids)), release,
+            extractor, 0, "prepare", "embeddings for B's teachers",
+        )
+        num_nodes = self.data.graph.num_nodes
         answered = (
-            validate_node_ids(list(reply.answered_ids), name="party B's answered queries", allowed=_mask(roots.train_ids, self.data.graph.num_nodes), num_nodes=self.data.graph.num_nodes)
+            validate_node_ids(
+                list(reply.answered_ids), name="party B's answered queries",
+                allowed=_mask(roots.train_ids, num_nodes), num_nodes=num_nodes,
+            )
             if reply.answered_ids else torch.empty(0, dtype=torch.int64)
         )
         student = dataclasses.replace(
@@ -614,29 +601,38 @@ class GraphPartyRun:
 
     @torch.no_grad()
     def _evaluate(self, roots: RootPlan, release: Release, extractor: Extractor, first_index: int = 0) -> dict[str, Metric]:
-        cfg = self.config
+        result, _ = self._evaluation_pass(
+            self.label_party.evaluation(), (("val", roots.val_ids), ("test", roots.test_ids)), release, extractor,
+            first_index, "eval", "evaluating",
+        )
+        return {m.split: Metric(name=m.name, value=m.value) for m in result.metrics}
+
+    def _evaluation_pass(
+        self, stream: EvaluationStream, parts: Iterable[tuple[str, torch.Tensor]], release: Release,
+        extractor: Extractor, first_index: int, phase: str, label: str,
+    ) -> tuple[object, int]:
+        """Chunks of the evaluation pass "eval-0" (each node a root once), each charged, then
+        sent; returns B's one answer and the next chunk index."""
         extractor.train(False)
-        stream = self.label_party.evaluation()
+        index = first_index
         try:
-            index = first_index
-            for split, ids in (("val", roots.val_ids), ("test", roots.test_ids)):
-                for chunk in ids.split(cfg.eval_chunk):
+            for split, ids in parts:
+                for chunk in ids.split(self.config.eval_chunk):
                     if self.cancelled():
                         raise Cancelled()
-                    self.report(ProgressEvent("eval", message=f"evaluating {split}", epsilon_spent=self.epsilon_spent))
+                    self.report(ProgressEvent(phase, message=f"{label} ({split})", epsilon_spent=self.epsilon_spent))
                     embeddings = self._charged_release(
                         lambda nodes: extractor.release(nodes, "eval"), chunk, release, "eval-0", "eval", index
                     )
                     index += 1
                     stream.send(lp_pb.EvalChunk(
                         run_id=self.run_id, eval_id=0, split=split, node_ids=chunk.tolist(),
-                        embeddings=encode_tensor(embeddings, cfg.wire_dtype),
+                        embeddings=encode_tensor(embeddings, self.config.wire_dtype),
                     ))
-            result = stream.result()
+            return stream.result(), index
         except BaseException:
             stream.cancel()
             raise
-        return {m.split: Metric(name=m.name, value=m.value) for m in result.metrics}
 
     # -- records -------------------------------------------------------------------------------
     def _run_dir(self) -> Path:

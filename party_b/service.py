@@ -14,6 +14,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -61,6 +62,19 @@ class ReceiptLog:
         with self._lock, self.path.open("a") as handle:
             handle.write(line + "\n")
             handle.flush()
+
+
+@contextmanager
+def _label_ledger_errors(context: grpc.ServicerContext, doing: str) -> Iterator[None]:
+    """B's label mechanisms' failures as gRPC statuses A can act on."""
+    try:
+        yield
+    except LabelGuardError as exc:
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+    except BudgetRefused as exc:
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"party B's label ledger refused: {exc}")
+    except PeerError as exc:
+        context.abort(grpc.StatusCode.UNAVAILABLE, f"party B could not {doing} its label ledger: {exc}")
 
 
 class LabelPartyService(pb_grpc.LabelPartyServicer):
@@ -152,14 +166,8 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
         guard = LabelGuard(
             label_run_id, settings, store, secret_generator(self.config.secret_seed, request.seed), self.accountant
         )
-        try:
+        with _label_ledger_errors(context, "open"):
             guard.open()
-        except LabelGuardError as exc:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        except BudgetRefused as exc:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"party B's label ledger refused: {exc}")
-        except PeerError as exc:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"party B could not open its label ledger: {exc}")
         with self._lock:
             self._guards[label_run_id] = guard
         return guard
@@ -362,14 +370,8 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
             (torch.cat(received[name][0]), torch.cat(received[name][1])) for name in ("train", "query")
         )
         with session.lock:
-            try:
+            with _label_ledger_errors(context, "charge"):
                 outcome = session.guard.answer_queries(teacher_ids, teacher_emb, query_ids, query_emb)
-            except LabelGuardError as exc:
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-            except BudgetRefused as exc:
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"party B's label ledger refused: {exc}")
-            except PeerError as exc:
-                context.abort(grpc.StatusCode.UNAVAILABLE, f"party B could not charge its label ledger: {exc}")
         log.info("run %s: %s", session.run_id, outcome.note)
         return pb.CollectReply(
             run_id=session.run_id, answered_ids=outcome.answered_ids.tolist(),
