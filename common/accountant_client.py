@@ -11,15 +11,20 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from typing import TYPE_CHECKING
 
 import grpc
 import torch
 
 from vesper.common.grpc_server import channel_options
-from vesper.common.privacy.ledger import ChargeRule, PlannedPass, PlanRule
-from vesper.common.privacy.plan_messages import passes_to_proto, plan_rule_to_proto, rule_to_proto
 from vesper.proto.v1 import accountant_pb2 as acc_pb
 from vesper.proto.v1 import accountant_pb2_grpc as acc_grpc
+
+if TYPE_CHECKING:
+    from vesper.common.privacy.ledger import ChargeRule, PlannedPass, PlanRule
+
+# The privacy modules (dp-accounting, scipy: ~2 s to import) are imported by the calls that
+# send rules, so that party B, which only charges when it protects its labels, starts fast.
 
 
 def nodes_digest(node_ids: torch.Tensor) -> str:
@@ -87,6 +92,8 @@ class AccountantClient:
         self, passes: list[PlannedPass], rules: list[PlanRule], target_epsilon: float, delta: float,
         accounting: str, accountant: str,
     ) -> acc_pb.CalibrateReply:
+        from vesper.common.privacy.plan_messages import passes_to_proto, plan_rule_to_proto
+
         plan = acc_pb.ReleasePlan(passes=passes_to_proto(passes), rules=[plan_rule_to_proto(r) for r in rules])
         request = acc_pb.CalibrateRequest(
             mechanism="gaussian", plan=plan,
@@ -97,6 +104,8 @@ class AccountantClient:
     def estimate(
         self, rules: list[ChargeRule], passes: list[PlannedPass], delta: float, accounting: str, accountant: str
     ) -> acc_pb.EstimateReply:
+        from vesper.common.privacy.plan_messages import passes_to_proto, rule_to_proto
+
         request = acc_pb.EstimateRequest(
             rules=[rule_to_proto(r) for r in rules], passes=passes_to_proto(passes), delta=delta,
             accounting=accounting, accountant=accountant,
@@ -107,6 +116,8 @@ class AccountantClient:
         self, run_id: str, epsilon_budget: float, delta: float, rules: list[ChargeRule], extractor: str,
         accounting: str, accountant: str, details: dict, assumption_note: str = "", privacy_unit: str = "edge",
     ) -> acc_pb.RunStatus:
+        from vesper.common.privacy.plan_messages import rule_to_proto
+
         request = acc_pb.CreateRunRequest(
             run_id=run_id, privacy_unit=privacy_unit, accounting=accounting, accountant=accountant,
             epsilon_budget=epsilon_budget, delta=delta, rules=[rule_to_proto(r) for r in rules],

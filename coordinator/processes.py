@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +22,8 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from vesper.common.charge_token import ensure_distinct_tokens
 
 
 class ServiceStartError(RuntimeError):
@@ -130,6 +133,15 @@ def _restore_sigterm(previous: object) -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _reserve_port() -> socket.socket:
+    """A bound, non-listening loopback socket: its port stays ours until a server that also
+    sets SO_REUSEPORT (gRPC does by default on Linux) binds it and we close this one."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
 class LocalCluster:
     """Accountant, party B and party A on loopback, each its own process."""
 
@@ -171,25 +183,32 @@ class LocalCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         configs = self.workdir / "config"
         configs.mkdir(exist_ok=True)
-        write_section(configs / "accountant.toml", "accountant", {
-            "listen": "127.0.0.1:0", "rest_listen": "127.0.0.1:0", "ledger": str(self.ledger),
-            "charge_token_file": str(self.charge_token_file),
-            "label_charge_token_file": str(self.label_token_file),
-        })
-        accountant = start_service("accountant", configs / "accountant.toml", self.workdir)
-        self.services = {"accountant": accountant}
-        accountant.wait_ready()  # party B needs its address and its label token (B's own ledger)
-        write_section(configs / "party_b.toml", "party_b", {
-            "listen": "127.0.0.1:0", "workdir": str(self.workdir / "party_b"),
-            "datasets": self.datasets,
-            "accountant": accountant.grpc_address,
-            "accountant_status_url": accountant.info["rest_url"],
-            "accountant_token_file": str(self.label_token_file),
-            **self.extra_b,
-        })
-        party_b = start_service("party-b", configs / "party_b.toml", self.workdir)
-        self.services["party-b"] = party_b
-        party_b.wait_ready()
+        # party B needs the accountant's address (its own label ledger) before either has
+        # started: reserve a port the accountant's gRPC server then shares (SO_REUSEPORT),
+        # so the two start side by side; the token files exist before either reads them
+        reservation = _reserve_port()
+        accountant_address = f"127.0.0.1:{reservation.getsockname()[1]}"
+        ensure_distinct_tokens(self.charge_token_file, self.label_token_file)
+        try:
+            write_section(configs / "accountant.toml", "accountant", {
+                "listen": accountant_address, "rest_listen": "127.0.0.1:0", "ledger": str(self.ledger),
+                "charge_token_file": str(self.charge_token_file),
+                "label_charge_token_file": str(self.label_token_file),
+            })
+            write_section(configs / "party_b.toml", "party_b", {
+                "listen": "127.0.0.1:0", "workdir": str(self.workdir / "party_b"),
+                "datasets": self.datasets,
+                "accountant": accountant_address,
+                "accountant_token_file": str(self.label_token_file),
+                **self.extra_b,
+            })
+            accountant = start_service("accountant", configs / "accountant.toml", self.workdir)
+            party_b = start_service("party-b", configs / "party_b.toml", self.workdir)
+            self.services = {"accountant": accountant, "party-b": party_b}
+            accountant.wait_ready()
+            party_b.wait_ready()
+        finally:
+            reservation.close()
         write_section(configs / "party_a.toml", "party_a", {
             "listen": "127.0.0.1:0",
             "label_party": party_b.grpc_address,

@@ -22,17 +22,20 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import dp_accounting as dpa
 import torch
 
 from vesper.common.accountant_client import AccountantClient, nodes_digest
 from vesper.common.config import LabelPrivacyConfig
-from vesper.common.privacy.accounting import epsilon_of
-from vesper.common.privacy.events import event_to_json
-from vesper.common.privacy.ledger import LABEL_ACCOUNTING, LABEL_KIND, LABEL_UNIT, ChargeRule, label_ledger_id
 from vesper.party_b.label_data import LabelStore
-from vesper.party_b.label_privacy import pate, randomized_response
+
+if TYPE_CHECKING:
+    import dp_accounting as dpa
+
+# The mechanisms and the privacy math (dp-accounting, scipy: ~2 s to import) are imported
+# by the modes that use them, so that party B starts fast and a run without label privacy
+# never loads them.
 
 PASS_ID = "labels-0"
 
@@ -100,7 +103,11 @@ class LabelGuard:
 
     @property
     def ledger_id(self) -> str:
-        return "" if self.mode == "none" else label_ledger_id(self.run_id)
+        if self.mode == "none":
+            return ""
+        from vesper.common.privacy.ledger import label_ledger_id
+
+        return label_ledger_id(self.run_id)
 
     def open(self) -> None:
         """Open B's ledger and do the mode's set-up; nothing derived from labels has left B yet."""
@@ -118,6 +125,9 @@ class LabelGuard:
         return self.client
 
     def _create_ledger(self, event: dpa.DpEvent, details: dict, note: str) -> None:
+        from vesper.common.privacy.events import event_to_json
+        from vesper.common.privacy.ledger import LABEL_ACCOUNTING, LABEL_KIND, LABEL_UNIT, ChargeRule
+
         rule = ChargeRule(kind=LABEL_KIND, release_event=event_to_json(event), participation_bound=None)
         self._client().create_run(
             self.ledger_id, self.config.epsilon, self.delta, [rule], f"labels-{self.mode}", LABEL_ACCOUNTING,
@@ -127,12 +137,17 @@ class LabelGuard:
         )
 
     def _charge(self, key: str, node_ids: torch.Tensor, event: dpa.DpEvent) -> None:
+        from vesper.common.privacy.events import event_to_json
+        from vesper.common.privacy.ledger import LABEL_KIND
+
         receipt = self._client().charge(
             self.ledger_id, key, PASS_ID, LABEL_KIND, int(node_ids.numel()), nodes_digest(node_ids), event_to_json(event),
         )
         self.epsilon_spent = receipt.epsilon_spent
 
     def _open_rr(self) -> None:
+        from vesper.party_b.label_privacy import randomized_response
+
         k = self.store.num_classes
         event = randomized_response.rr_event(self.config.epsilon, k)
         self._create_ledger(
@@ -149,6 +164,9 @@ class LabelGuard:
         self.note = f"randomised response over {k} classes at epsilon {self.config.epsilon:g} (keeps a label w.p. {keep:.3f})"
 
     def _open_pate(self) -> None:
+        from vesper.common.privacy.accounting import epsilon_of
+        from vesper.party_b.label_privacy import pate
+
         settings = self.config.pate
         n_train = int(self.train_roots.numel())
         if n_train < settings.teachers:
@@ -202,6 +220,8 @@ class LabelGuard:
         query_embeddings: torch.Tensor,
     ) -> CollectOutcome:
         """Steps 1-4 of DP-GPL over A's frozen embeddings; every query charged before any answer leaves B."""
+        from vesper.party_b.label_privacy import pate
+
         if self.mode != "pate":
             raise LabelGuardError(f"Collect is for label_privacy.mode=pate; this run's mode is {self.mode}")
         if self.collected:

@@ -21,9 +21,10 @@ from vesper.common.config import LabelPrivacyConfig
 from vesper.common.dataset_files import LabelPart
 from vesper.common.privacy.accounting import epsilon_of
 from vesper.common.privacy.events import event_from_json
+from vesper.common.privacy.ledger import label_ledger_id
 from vesper.common.splits import split_for
 from vesper.party_b.label_data import LabelStore
-from vesper.party_b.label_guard import LabelGuard, LabelGuardError, default_delta, label_ledger_id
+from vesper.party_b.label_guard import LabelGuard, LabelGuardError, default_delta
 from vesper.party_b.label_privacy import pate, randomized_response
 
 N, CLASSES = 400, 4
