@@ -98,14 +98,8 @@ def run_sweep(
         epsilon, dataset, extractor, seed = cell
         return row_of(drive(run_config(with_budget(base, epsilon), dataset, extractor, seed)), dataset, seed)
 
-    def record(row: TableRow) -> None:
-        append_row(csv_path, row)
-        rows.append(row)
-        if row.status != "completed":
-            console.print(f"  {row.status}: {row.message}", highlight=False)
-
-    run_cells(
-        missing, drivers, run, record,
+    rows += run_cells(
+        missing, drivers, run, lambda row: append_row(csv_path, row),
         lambda cell: f"ε={cell[0]:g} · {dataset_label(cell[1])} · {cell[2]} · seed {cell[3]}", console,
     )
     return rows

@@ -294,14 +294,8 @@ def run_label_table(
         summary, gradients = drive(config)
         return row_of(summary, gradients, config, labels)
 
-    def record(row: LabelRow) -> None:
-        append_row(csv_path, row)
-        rows.append(row)
-        if row.status != "completed":
-            console.print(f"  {row.status}: {row.message}", highlight=False)
-
-    run_cells(
-        missing, drivers, run, record,
+    rows += run_cells(
+        missing, drivers, run, lambda row: append_row(csv_path, row),
         lambda cell: f"{label} · {cell[0]} · label ε={format_epsilon(cell[1])} · seed {cell[2]}", console,
     )
     return rows

@@ -1,9 +1,10 @@
 """Benchmark cells run concurrently, one worker per driver (each driving its own services).
 
 Used by ``vesper bench extractors`` sweeps and ``vesper bench label-privacy``: a finished
-cell's row is handed to ``record`` under a lock (the caller appends it to its CSV, so a
-killed benchmark resumes where it stopped); the first error stops every worker and is
-raised once they have finished their current cell.
+cell's row is handed to ``append`` under a lock (the caller writes it to its CSV, so a
+killed benchmark resumes where it stopped) and returned; a row whose run did not complete
+is reported. The first error stops every worker and is raised once they have finished
+their current cell.
 """
 
 from __future__ import annotations
@@ -11,24 +12,32 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from rich.console import Console
 
+
+class _Row(Protocol):
+    status: str
+    message: str
+
+
 Cell = TypeVar("Cell")
 Driver = TypeVar("Driver")
-Row = TypeVar("Row")
+Row = TypeVar("Row", bound=_Row)
 
 
 def run_cells(
     cells: Iterable[Cell], drivers: Sequence[Driver], run: Callable[[Driver, Cell], Row],
-    record: Callable[[Row], None], describe: Callable[[Cell], str], console: Console,
-) -> None:
+    append: Callable[[Row], None], describe: Callable[[Cell], str], console: Console,
+) -> list[Row]:
+    """Rows of the cells run here, in the order they finished."""
     work: queue.Queue = queue.Queue()
     for cell in cells:
         work.put(cell)
     lock = threading.Lock()
     errors: list[BaseException] = []
+    rows: list[Row] = []
 
     def worker(drive: Driver) -> None:
         while not errors:
@@ -44,7 +53,10 @@ def run_cells(
                 errors.append(exc)
                 return
             with lock:
-                record(row)
+                append(row)
+                rows.append(row)
+                if row.status != "completed":
+                    console.print(f"  {row.status}: {row.message}", highlight=False)
 
     threads = [threading.Thread(target=worker, args=(drive,), daemon=True) for drive in drivers]
     for thread in threads:
@@ -53,3 +65,4 @@ def run_cells(
         thread.join()
     if errors:
         raise errors[0]
+    return rows
