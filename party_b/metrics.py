@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from scipy.stats import rankdata
 
 
 def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
@@ -13,6 +12,8 @@ def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
 
 def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
     """Area under the ROC curve by the rank statistic (Mann-Whitney U), ties averaged."""
+    from scipy.stats import rankdata  # ~1 s to import: only when a binary task is evaluated, not at B's start
+
     labels = np.asarray(labels).astype(bool)
     positives, negatives = int(labels.sum()), int((~labels).sum())
     if positives == 0 or negatives == 0:

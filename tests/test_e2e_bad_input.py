@@ -152,6 +152,60 @@ def test_party_b_refuses_bad_evaluations_and_set_ups(b, split) -> None:
     assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS
 
 
+def _collect_error(b, *chunks: lp.EvalChunk) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        b.Collect(iter(chunks), timeout=60)
+    return info.value
+
+
+def _chunk(run_id: str, split: str, ids) -> lp.EvalChunk:
+    ids = list(ids)
+    return lp.EvalChunk(run_id=run_id, eval_id=0, split=split, node_ids=ids,
+                        embeddings=encode_tensor(torch.rand(len(ids), D, L), "float32"))
+
+
+def test_party_b_refuses_bad_label_privacy_and_bad_collections(cluster, b, split) -> None:
+    """Collect (pate only) and label settings: clear statuses, nothing charged to B's ledger."""
+    good = dict(dataset="cora", decoder=lp.DecoderSpec(kind="concat", hidden_dim=8),
+                optimizer=lp.OptimizerSpec(name="adam", lr=0.01), embedding_dim=D, num_layers=L, wire_dtype=1)
+    for settings, code, fragment in [
+        ('{"mode": "rr"}', grpc.StatusCode.INVALID_ARGUMENT, "needs a finite label_privacy.epsilon"),
+        ('{"mode": "pate", "epsilon": 2, "pate": {"teachers": 5000}}', grpc.StatusCode.FAILED_PRECONDITION, "exceeds B's"),
+        ("not json", grpc.StatusCode.INVALID_ARGUMENT, "bad label privacy settings"),
+    ]:
+        with pytest.raises(grpc.RpcError) as info:
+            b.SetupRun(lp.SetupRunRequest(run_id="label-bad", label_privacy_json=settings, **good))
+        assert info.value.code() == code and fragment in info.value.details(), info.value.details()
+    # a run without pate has nothing to collect
+    error = _collect_error(b, _chunk("bad-input", "train", split.train_ids[:2]))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and "does not use label_privacy.mode=pate" in error.details()
+    pate = b.SetupRun(lp.SetupRunRequest(
+        run_id="pate-bad", label_privacy_json='{"mode": "pate", "epsilon": 2, "pate": {"teachers": 10, "queries": 20}}',
+        **good,
+    ))
+    assert len(pate.query_ids) == 20 and not set(pate.query_ids) & set(pate.val_ids)
+    teachers, queries = list(pate.train_ids), list(pate.query_ids)
+    cases = [
+        ([_chunk("pate-bad", "holdout", queries)], "unknown split 'holdout'"),
+        ([_chunk("pate-bad", "query", teachers[:3])], "not in the allowed set"),
+        ([_chunk("pate-bad", "train", teachers[:5]), _chunk("pate-bad", "train", teachers[:5])], "sent twice"),
+        ([_chunk("pate-bad", "train", teachers[:-1]), _chunk("pate-bad", "query", queries)], "lacks some train nodes"),
+        ([_chunk("pate-bad", "train", teachers), _chunk("other-run", "query", queries)], "one run id"),
+    ]
+    for chunks, fragment in cases:
+        error = _collect_error(b, *chunks)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and fragment in error.details(), error.details()
+    # nothing was answered, so nothing was charged: B's ledger is open and empty
+    status = ledger(cluster.status_url, pate.label_ledger_id)
+    assert status["run"]["privacy_unit"] == "label" and status["rows"] == []
+    # and a good collection still works afterwards
+    reply = b.Collect(iter([_chunk("pate-bad", "train", teachers), _chunk("pate-bad", "query", queries)]), timeout=120)
+    assert set(reply.answered_ids) <= set(queries) and "of 20 queries" in reply.label_note
+    assert len(ledger(cluster.status_url, pate.label_ledger_id)["rows"]) == 20
+    error = _collect_error(b, _chunk("pate-bad", "train", teachers), _chunk("pate-bad", "query", queries))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and "already answered" in error.details()
+
+
 def test_accountant_refuses_bad_charges_and_keeps_the_ledger(cluster) -> None:
     event = event_to_json(dpa.GaussianDpEvent(3.0))
     two, three = (epsilon_of(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(3.0), n), 1e-5).epsilon for n in (2, 3))
