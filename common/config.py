@@ -287,6 +287,10 @@ class PartyBConfig(_Model):
     require_label_privacy: bool = Field(
         False, description="refuse runs whose label_privacy.mode is none"
     )
+    max_label_epsilon: float | None = Field(
+        None, gt=0,
+        description="refuse runs whose label budget exceeds this: B, not the run's requester, bounds its own ε",
+    )
     secret_seed: int | None = Field(
         None,
         description="seed of B's label-privacy randomness; unset = fresh OS randomness. Tests only: A must never learn it.",

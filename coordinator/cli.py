@@ -266,7 +266,9 @@ def print_summaries(summaries: list[RunSummary]) -> None:
         if s.accounting == "hidden-batch":
             console.print(f"  {_hidden_batch_numbers(s.epsilon_events, s.epsilon_bound6)} {s.assumption}", highlight=False)
         console.print(f"  status: {s.status_url}", highlight=False)
-        if s.label_privacy != "none":
+        if s.label_privacy != "none" and not s.label_run_id:
+            console.print(f"  B's labels ({s.label_privacy}): party B opened no label ledger; nothing was charged", highlight=False)
+        elif s.label_privacy != "none":
             spent = "-" if s.label_epsilon_spent is None else format_epsilon(s.label_epsilon_spent)
             budget = "-" if s.label_epsilon_budget is None else format_epsilon(s.label_epsilon_budget)
             delta = "" if s.label_delta is None else f" at δ={s.label_delta:.3g}"

@@ -201,6 +201,7 @@ class GraphPartyRun:
             run_id=self.run_id, status="failed", dataset=cfg.dataset, extractor=cfg.extractor.name,
             decoder=cfg.decoder.kind, accounting=cfg.privacy.accounting, epsilon_budget=cfg.privacy.epsilon,
             epsilon_spent=0.0, delta=self.delta, status_url=self.status_url,
+            label_privacy=cfg.label_privacy.mode,
         )
         b_ready = run_created = False
         extractor: Extractor | None = None

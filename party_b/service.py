@@ -145,6 +145,13 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "party B requires label privacy (party_b.require_label_privacy): choose label_privacy.mode rr or pate",
             )
+        cap = self.config.max_label_epsilon
+        if settings.mode != "none" and cap is not None and settings.epsilon > cap:
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"label_privacy.epsilon={settings.epsilon:g} exceeds party B's own cap of {cap:g} "
+                "(party_b.max_label_epsilon)",
+            )
         return settings
 
     def _guard(

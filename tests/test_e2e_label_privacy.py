@@ -36,7 +36,7 @@ RELATIONAL = ("--extractor", "relational", "--param", "pretrain_steps=4", "--par
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("label-cluster")
-    with LocalCluster(workdir, party_a={"secret_seed": 5}, party_b={"secret_seed": 9}) as c:
+    with LocalCluster(workdir, party_a={"secret_seed": 5}, party_b={"secret_seed": 9, "max_label_epsilon": 6}) as c:
         yield c
 
 
@@ -163,3 +163,15 @@ def test_pate_plan_above_the_label_budget_is_refused(cluster: LocalCluster, tmp_
     )
     assert code != 0 and summary["status"] == "failed"
     assert "above the label budget" in summary["message"], summary["message"]
+
+
+def test_b_bounds_its_own_label_budget_whoever_asks(cluster: LocalCluster, tmp_path: Path) -> None:
+    """The run's settings reach B through A, the adversary of its labels: B's cap decides."""
+    code, summary = train(
+        cluster, tmp_path / "greedy.json", "--extractor", "mlp", "--epochs", "1", "--label-privacy", "rr",
+        "--label-epsilon", "50",
+    )
+    assert code != 0 and summary["status"] == "failed"
+    assert "exceeds party B's own cap of 6" in summary["message"], summary["message"]
+    assert summary["label_privacy"] == "rr" and summary["label_run_id"] == "" and summary["steps"] == 0  # no ledger, no step
+
