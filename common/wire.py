@@ -111,6 +111,13 @@ def decode_tensor(
     return tensor
 
 
+def node_mask(ids: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    """A boolean mask over the graph's nodes, true at ``ids``: the ``allowed`` of :func:`validate_node_ids`."""
+    mask = torch.zeros(num_nodes, dtype=torch.bool)
+    mask[ids.cpu()] = True
+    return mask
+
+
 def validate_node_ids(
     ids: Sequence[int], *, name: str, allowed: torch.Tensor | None = None, num_nodes: int
 ) -> torch.Tensor:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -36,7 +35,15 @@ from vesper.common.dataset_files import load_graph_part
 from vesper.common.optim import build_optimizer
 from vesper.common.privacy.events import event_to_json
 from vesper.common.privacy.ledger import ChargeRule, PlanRule
-from vesper.common.wire import WireError, decode_tensor, dtype_to_proto, encode_tensor, validate_node_ids
+from vesper.common.secret_randomness import secret_base
+from vesper.common.wire import (
+    WireError,
+    decode_tensor,
+    dtype_to_proto,
+    encode_tensor,
+    node_mask,
+    validate_node_ids,
+)
 from vesper.party_a.extractors.base import (
     ChargePlan,
     Extractor,
@@ -125,18 +132,9 @@ def _relation(extractor: Extractor) -> str:
 Batches = Callable[[torch.Tensor, int, torch.Generator], list[torch.Tensor]]
 
 
-def _mask(ids: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    mask = torch.zeros(num_nodes, dtype=torch.bool)
-    mask[ids.cpu()] = True
-    return mask
-
-
 def _secret_generators(settings: PartyAConfig, run_seed: int, device: torch.device) -> tuple[torch.Generator, torch.Generator]:
     """Generators for neighbour sampling and noise, never derived from anything B knows."""
-    if settings.secret_seed is None:
-        base = int.from_bytes(os.urandom(8), "little") >> 1
-    else:
-        base = (settings.secret_seed * 1_000_003 + run_seed) % (1 << 62)
+    base = secret_base(settings.secret_seed, run_seed)
     sampling = torch.Generator().manual_seed(base)
     noise = torch.Generator(device=device).manual_seed(base ^ 0x5DEECE66D)
     return sampling, noise
@@ -590,7 +588,7 @@ class GraphPartyRun:
         answered = (
             validate_node_ids(
                 list(reply.answered_ids), name="party B's answered queries",
-                allowed=_mask(roots.train_ids, num_nodes), num_nodes=num_nodes,
+                allowed=node_mask(roots.train_ids, num_nodes), num_nodes=num_nodes,
             )
             if reply.answered_ids else torch.empty(0, dtype=torch.int64)
         )

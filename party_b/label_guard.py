@@ -9,8 +9,8 @@ main one train on the same privatised labels and pay once). Modes (docs/label-pr
           (gradients, decoder, training metrics) is post-processing.
 ``pate``  at set-up B opens its ledger and draws the Q query nodes from its validation
           split. After A's Collect stream (A's frozen embeddings of B's labelled nodes and
-          of the queries) B trains its teachers, charges every query (both steps of
-          Confident-GNMax, data-independent), and only then labels the answered queries:
+          of the queries) B charges every query (both steps of Confident-GNMax,
+          data-independent), then trains its teachers and labels the answered queries:
           they are the student's training roots, with the teachers' noisy labels.
 
 B's ledger is a run of its own at the accountant (``<run id>.labels``, privacy unit
@@ -19,8 +19,6 @@ B's ledger is a run of its own at the accountant (``<run id>.labels``, privacy u
 
 from __future__ import annotations
 
-import math
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -28,6 +26,8 @@ import torch
 
 from vesper.common.accountant_client import AccountantClient, nodes_digest
 from vesper.common.config import LabelPrivacyConfig
+from vesper.common.secret_randomness import secret_base
+from vesper.common.wire import node_mask
 from vesper.party_b.label_data import LabelStore
 
 if TYPE_CHECKING:
@@ -51,11 +51,7 @@ def default_delta(train_nodes: int) -> float:
 
 def secret_generator(secret_seed: int | None, run_seed: int) -> torch.Generator:
     """B's randomness for its label mechanisms, never derived from anything A knows."""
-    if secret_seed is None:
-        base = int.from_bytes(os.urandom(8), "little") >> 1
-    else:
-        base = (secret_seed * 1_000_003 + run_seed) % (1 << 62)
-    return torch.Generator().manual_seed(base)
+    return torch.Generator().manual_seed(secret_base(secret_seed, run_seed))
 
 
 @dataclass
@@ -82,7 +78,6 @@ class LabelGuard:
     collected: bool = False
     sigmas: tuple[float | None, float] | None = None  # (σ1, σ2); σ1 None: plain GNMax
     threshold: float | None = None
-    agreement: float = math.nan  # pate: B's own diagnostic, never sent to A
 
     def __post_init__(self) -> None:
         self.train_labels = self.store.labels.clone()
@@ -93,8 +88,7 @@ class LabelGuard:
 
     def _set_roots(self, roots: torch.Tensor) -> None:
         self.train_roots = roots
-        self.train_mask = torch.zeros(self.store.num_nodes, dtype=torch.bool)
-        self.train_mask[roots] = True
+        self.train_mask = node_mask(roots, self.store.num_nodes)
 
     # -- set-up ----------------------------------------------------------------------------
     @property
@@ -228,29 +222,24 @@ class LabelGuard:
             raise LabelGuardError("the queries of this run were already answered")
         settings = self.config.pate
         assert self.sigmas is not None
-        groups = pate.partition(teacher_ids, settings.teachers, self.generator)
-        teachers = pate.train_teachers(
-            teacher_embeddings, self.store.labels[teacher_ids], groups, settings.teachers, self.store.num_classes,
-            epochs=settings.teacher_epochs, lr=settings.teacher_lr, weight_decay=settings.teacher_weight_decay,
-            generator=self.generator, class_balanced=settings.teacher_class_balanced,
-        )
-        histogram = pate.vote_histogram(teachers.votes(query_embeddings), self.store.num_classes)
         event = pate.query_event(*self.sigmas)
-        for node in query_ids.tolist():
+        for node in query_ids.tolist():  # write-ahead: the whole plan before any teacher votes
             self._charge(f"pate/query/{node}", torch.tensor([node]), event)
         sigma1, sigma2 = self.sigmas
-        if sigma1 is None:
-            labels = pate.gnmax(histogram, sigma2, self.generator)
-            answered = torch.ones_like(labels, dtype=torch.bool)
-        else:
-            answered, labels = pate.confident_gnmax(histogram, self.threshold, sigma1, sigma2, self.generator)
+        outcome = pate.label_queries(
+            teacher_ids, teacher_embeddings, self.store.labels[teacher_ids], query_ids, query_embeddings,
+            num_classes=self.store.num_classes, teachers=settings.teachers, threshold=self.threshold,
+            sigma1=sigma1, sigma2=sigma2, epochs=settings.teacher_epochs, lr=settings.teacher_lr,
+            weight_decay=settings.teacher_weight_decay, generator=self.generator,
+            class_balanced=settings.teacher_class_balanced,
+        )
         self.collected = True
-        self._set_roots(query_ids[answered])
-        self.train_labels[self.train_roots] = labels[answered]
-        agree = float((labels[answered] == self.store.labels[self.train_roots]).double().mean()) if answered.any() else math.nan
+        self._set_roots(outcome.training_ids)
+        self.train_labels[self.train_roots] = outcome.training_labels
         threshold = f"T={self.threshold:g}, " if self.threshold is not None else ""
-        self.note = f"answered {int(answered.sum())} of {query_ids.numel()} queries ({threshold}{self._sigma_text()})"
-        self.agreement = agree
+        self.note = (
+            f"answered {outcome.answered_count} of {query_ids.numel()} queries ({threshold}{self._sigma_text()})"
+        )
         return CollectOutcome(self.train_roots.clone(), self.epsilon_spent, self.note)
 
     def close(self, status: str, reason: str) -> None:

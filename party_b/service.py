@@ -31,6 +31,7 @@ from vesper.common.wire import (
     decode_tensor,
     dtype_from_proto,
     encode_tensor,
+    node_mask,
     validate_node_ids,
 )
 from vesper.party_b.label_data import LabelStore, load_labels
@@ -347,10 +348,7 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
                     "train": torch.from_numpy(session.store.split.train),
                     "query": session.guard.query_ids,
                 }
-                masks = {}
-                for name, ids in allowed.items():
-                    masks[name] = torch.zeros(session.store.num_nodes, dtype=torch.bool)
-                    masks[name][ids] = True
+                masks = {name: node_mask(ids, session.store.num_nodes) for name, ids in allowed.items()}
                 seen = torch.zeros(session.store.num_nodes, dtype=torch.bool)
             elif chunk.run_id != session.run_id:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a collect stream must carry one run id")

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from vesper.common.config import DecoderConfig, LabelPrivacyConfig, OptimizerConfig
 from vesper.common.optim import build_optimizer
-from vesper.common.wire import WireDType
+from vesper.common.wire import WireDType, node_mask
 from vesper.party_b.decoders import build_decoder
 from vesper.party_b.label_data import LabelStore
 from vesper.party_b.label_guard import LabelGuard
@@ -53,9 +53,7 @@ class LabelSession:
         self.labels = store.labels.to(device)  # the truth, for metrics on held-out nodes only
         self.split_masks = {}
         for name in ("val", "test"):
-            mask = torch.zeros(store.num_nodes, dtype=torch.bool)
-            mask[torch.from_numpy(getattr(store.split, name))] = True
-            self.split_masks[name] = mask
+            self.split_masks[name] = node_mask(torch.from_numpy(getattr(store.split, name)), store.num_nodes)
         self.next_step = 0
         self.lock = threading.Lock()
         self.streaming = False

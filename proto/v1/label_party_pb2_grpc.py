@@ -89,8 +89,8 @@ class LabelPartyServicer:
 
     def Collect(self, request_iterator, context):
         """Label privacy "pate" only: A streams its frozen embeddings of B's labelled nodes
-        (split "train") and of the query nodes (split "query"); B trains its teachers,
-        charges its label ledger, labels the queries with Confident-GNMax and answers with
+        (split "train") and of the query nodes (split "query"); B charges its label ledger,
+        trains its teachers, labels the queries with Confident-GNMax and answers with
         the ids of the answered queries: the student's training roots.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
