@@ -183,6 +183,31 @@ class LabelPrivacyConfig(_Model):
         return self
 
 
+class AuditConfig(_Model):
+    """An audited run (docs/audit.md): what A plants and what B keeps for the attacks.
+
+    None of it changes what is charged: canary edges are edges of A's graph like any
+    other, and the membership setting only changes which graph A reads when.
+    """
+
+    canaries: int = Field(
+        0, ge=0, le=1_000_000,
+        description="m: candidate canary edges (pairs of unlinked nodes) A draws; each is inserted into "
+        "A's graph with probability 1/2, secretly (0 = no canary audit)",
+    )
+    canary_seed: int = Field(0, ge=0, description="seed of the m candidate pairs (public to the auditor)")
+    membership: bool = Field(
+        False,
+        description="TFTS (VESPER App. C.7): A trains on the subgraph induced by B's training nodes and "
+        "evaluates on the full graph; the evaluation pass also releases the training nodes",
+    )
+    record_releases: bool = Field(
+        False,
+        description="party B keeps what it received (per-node sums of the released embeddings, and the "
+        "decoder's posteriors) in runs/<id>/received.npz, for the attacks",
+    )
+
+
 class RunConfig(_Model):
     """One training run, sent by the coordinator to party A."""
 
@@ -203,6 +228,7 @@ class RunConfig(_Model):
         description="party A keeps the gradients B sends in the last epoch (runs/<id>/gradients.npz), "
         "for the label-leakage measurement",
     )
+    audit: AuditConfig = AuditConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:

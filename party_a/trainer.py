@@ -316,6 +316,8 @@ class GraphPartyRun:
             split_seed=cfg.split_seed,
             label_privacy_json="" if cfg.label_privacy.mode == "none" else cfg.label_privacy.model_dump_json(),
             label_run_id=self.run_id,
+            record_releases=cfg.audit.record_releases and session_id == self.run_id,
+            membership_audit=cfg.audit.membership and session_id == self.run_id,
         )
         return self.label_party.setup(request)
 

@@ -36,6 +36,7 @@ from vesper.common.wire import (
 )
 from vesper.party_b.label_data import LabelStore, load_labels
 from vesper.party_b.label_guard import LabelGuard, LabelGuardError, secret_generator
+from vesper.party_b.release_record import ReleaseRecord
 from vesper.party_b.session import LabelSession, SplitScores
 from vesper.proto.v1 import label_party_pb2 as pb
 from vesper.proto.v1 import label_party_pb2_grpc as pb_grpc
@@ -216,6 +217,11 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
             request.run_id, store, decoder, optimizer, request.embedding_dim, request.num_layers,
             wire_dtype, request.seed, self.device, guard,
         )
+        if request.record_releases:
+            session.record = ReleaseRecord(store.num_nodes, request.embedding_dim, request.num_layers)
+        if request.membership_audit:
+            # TFTS: the training nodes come back in the evaluation pass, for the membership attack
+            session.split_masks["train"] = node_mask(torch.from_numpy(store.split.train), store.num_nodes)
         with self._lock:
             if request.run_id in self._sessions:
                 context.abort(grpc.StatusCode.ALREADY_EXISTS, f"run {request.run_id!r} is already set up")
@@ -281,6 +287,8 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
                 ids, embeddings = self._received(session, request.node_ids, request.embeddings, session.train_mask, "training batch")
             except WireError as exc:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"step {request.step}: {exc}")
+            if session.record is not None:
+                session.record.add_training(ids, embeddings)
             gradient, loss = session.train_step(ids, embeddings)
             return pb.TrainStepReply(
                 run_id=session.run_id,
@@ -302,7 +310,8 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
             elif chunk.run_id != session.run_id or chunk.eval_id != eval_id:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "an evaluation stream must carry one run id and one eval id")
             if chunk.split not in session.split_masks:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown split {chunk.split!r}; expected val or test")
+                expected = " or ".join(sorted(session.split_masks))
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown split {chunk.split!r}; expected {expected}")
             try:
                 ids, embeddings = self._received(
                     session, chunk.node_ids, chunk.embeddings, session.split_masks[chunk.split], f"{chunk.split} nodes"
@@ -315,6 +324,8 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
             mask[ids] = True
             with session.lock:
                 logits = session.logits(embeddings)
+                if session.record is not None:
+                    session.record.add_evaluation(chunk.split, ids, embeddings, logits)
             collected = scores.setdefault(chunk.split, SplitScores())
             collected.node_ids.append(ids)
             collected.logits.append(logits.cpu())
@@ -388,6 +399,8 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
         with session.lock:
             session.finished = True
             session.save(self.config.workdir / "runs" / request.run_id)
+            if session.record is not None:
+                session.record.save(self.config.workdir / "runs" / request.run_id / "received.npz")
         with self._lock:
             self._sessions.pop(request.run_id, None)
             guard = self._guards.pop(request.run_id, None)  # the run's main session ends its label guard

@@ -16,6 +16,7 @@ from vesper.party_b.decoders import build_decoder
 from vesper.party_b.label_data import LabelStore
 from vesper.party_b.label_guard import LabelGuard
 from vesper.party_b.metrics import compute_metric
+from vesper.party_b.release_record import ReleaseRecord
 
 
 @dataclass
@@ -54,6 +55,7 @@ class LabelSession:
         self.split_masks = {}
         for name in ("val", "test"):
             self.split_masks[name] = node_mask(torch.from_numpy(getattr(store.split, name)), store.num_nodes)
+        self.record: ReleaseRecord | None = None  # audited runs: what B received (docs/audit.md)
         self.next_step = 0
         self.lock = threading.Lock()
         self.streaming = False

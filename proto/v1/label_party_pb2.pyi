@@ -40,7 +40,7 @@ class Budget(_message.Message):
     def __init__(self, epsilon: _Optional[float] = ..., delta: _Optional[float] = ..., accounting: _Optional[str] = ..., status_url: _Optional[str] = ...) -> None: ...
 
 class SetupRunRequest(_message.Message):
-    __slots__ = ("run_id", "dataset", "decoder", "optimizer", "seed", "budget", "embedding_dim", "num_layers", "wire_dtype", "split_seed", "label_privacy_json", "label_run_id")
+    __slots__ = ("run_id", "dataset", "decoder", "optimizer", "seed", "budget", "embedding_dim", "num_layers", "wire_dtype", "split_seed", "label_privacy_json", "label_run_id", "record_releases", "membership_audit")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     DECODER_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,8 @@ class SetupRunRequest(_message.Message):
     SPLIT_SEED_FIELD_NUMBER: _ClassVar[int]
     LABEL_PRIVACY_JSON_FIELD_NUMBER: _ClassVar[int]
     LABEL_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    RECORD_RELEASES_FIELD_NUMBER: _ClassVar[int]
+    MEMBERSHIP_AUDIT_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     dataset: str
     decoder: DecoderSpec
@@ -65,7 +67,9 @@ class SetupRunRequest(_message.Message):
     split_seed: int
     label_privacy_json: str
     label_run_id: str
-    def __init__(self, run_id: _Optional[str] = ..., dataset: _Optional[str] = ..., decoder: _Optional[_Union[DecoderSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., seed: _Optional[int] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., embedding_dim: _Optional[int] = ..., num_layers: _Optional[int] = ..., wire_dtype: _Optional[_Union[_tensor_pb2.DType, str]] = ..., split_seed: _Optional[int] = ..., label_privacy_json: _Optional[str] = ..., label_run_id: _Optional[str] = ...) -> None: ...
+    record_releases: bool
+    membership_audit: bool
+    def __init__(self, run_id: _Optional[str] = ..., dataset: _Optional[str] = ..., decoder: _Optional[_Union[DecoderSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., seed: _Optional[int] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., embedding_dim: _Optional[int] = ..., num_layers: _Optional[int] = ..., wire_dtype: _Optional[_Union[_tensor_pb2.DType, str]] = ..., split_seed: _Optional[int] = ..., label_privacy_json: _Optional[str] = ..., label_run_id: _Optional[str] = ..., record_releases: _Optional[bool] = ..., membership_audit: _Optional[bool] = ...) -> None: ...
 
 class SetupRunReply(_message.Message):
     __slots__ = ("train_ids", "val_ids", "test_ids", "num_classes", "metric", "split", "num_nodes", "label_ledger_id", "label_epsilon_spent", "label_epsilon_budget", "label_delta", "query_ids", "label_note")
