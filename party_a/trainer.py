@@ -44,6 +44,7 @@ from vesper.common.wire import (
     node_mask,
     validate_node_ids,
 )
+from vesper.party_a.canaries import CanaryDraw, canary_generator, draw_canaries, plant
 from vesper.party_a.extractors.base import (
     ChargePlan,
     Extractor,
@@ -129,6 +130,49 @@ def _relation(extractor: Extractor) -> str:
     return extractor.spec.relation or default_relation(extractor.spec.privacy_unit)
 
 
+# -- TFTS membership audit (docs/audit-canaries.md): train on the subgraph, evaluate on the whole graph
+def _check_tfts(config: RunConfig, extractor: Extractor) -> None:
+    """Refuse, before anything is charged, a TFTS run whose plan would not cover its releases."""
+    name = config.extractor.name
+    if extractor.spec.cost_model not in ("per-step", "none"):
+        raise ValueError(
+            f"audit.membership (TFTS) needs a per-step extractor: {name}'s {extractor.spec.cost_model} releases "
+            "are computed once, on the training subgraph, and would have to be released again on the full "
+            "graph for the evaluation pass, a second charge the run's plan does not contain"
+        )
+    if config.label_privacy.mode == "pate":
+        raise ValueError("audit.membership (TFTS) cannot be combined with label_privacy.mode=pate")
+    if not isinstance(extractor, nn.Module):
+        raise ValueError(f"audit.membership (TFTS) copies the trained {name} to the full graph: it must be an nn.Module")
+
+
+def _induced_subgraph(graph: Graph, nodes: torch.Tensor) -> Graph:
+    """G[nodes]: the edges with both endpoints in ``nodes``, node ids unchanged."""
+    cpu = graph.to("cpu")
+    keep = torch.zeros(graph.num_nodes, dtype=torch.bool)
+    keep[nodes.cpu()] = True
+    rows = cpu.slot_rows
+    inside = keep[rows] & keep[cpu.indices]
+    return build_graph(torch.stack([rows[inside], cpu.indices[inside]], 1), graph.num_nodes).to(graph.device)
+
+
+def _tfts_chunk(roots: RootPlan, eval_chunk: int) -> int:
+    """Chunk size of the training nodes in a TFTS evaluation pass: no larger than a val/test
+    chunk, since a plan may size its evaluation sensitivity by those (VFGNN's V7)."""
+    return max(1, min(eval_chunk, max(roots.val_ids.numel(), roots.test_ids.numel())))
+
+
+def _same_charges(training: ChargePlan, evaluation: ChargePlan, name: str) -> None:
+    """The extractor on the full graph must be charged as the plan (made on the subgraph) says."""
+    fields = ("rules", "sensitivity", "one_shot_releases", "pre_train_releases", "stages", "participation_bound")
+    differ = [f for f in fields if getattr(training, f) != getattr(evaluation, f)]
+    if differ:
+        raise ValueError(
+            f"audit.membership (TFTS): {name}'s charge plan depends on the graph it reads ({', '.join(differ)} "
+            "differ between the training subgraph and the full graph), so one plan cannot cover both"
+        )
+
+
 Batches = Callable[[torch.Tensor, int, torch.Generator], list[torch.Tensor]]
 
 
@@ -183,6 +227,19 @@ class GraphPartyRun:
         self.report = report
         self.cancelled = cancelled
         self.run_id = uuid.uuid4().hex[:12]
+        self.canaries: CanaryDraw | None = None
+        self.setup_error = ""  # raised by execute, which reports it as a failed run
+        if config.audit.canaries:
+            try:
+                self.canaries = draw_canaries(
+                    data.graph, config.audit.canaries, config.audit.canary_seed,
+                    canary_generator(settings.secret_seed, config.seed),
+                )
+                # a new GraphData: the service's cached one is shared by every run
+                self.data = data = dataclasses.replace(data, graph=plant(data.graph, self.canaries))
+            except ValueError as exc:
+                self.setup_error = str(exc)
+        # the default δ = 1/|E| counts the planted canaries: they are edges of the graph the run reads
         self.delta = config.privacy.delta or 1.0 / max(2, data.graph.num_edges)
         self.epsilon_spent = 0.0
         self.steps_done = 0
@@ -204,7 +261,13 @@ class GraphPartyRun:
         b_ready = run_created = False
         extractor: Extractor | None = None
         try:
+            if self.setup_error:
+                raise ValueError(self.setup_error)
+            if self.canaries is not None:
+                self.canaries.save(self._run_dir() / "canaries.npz")  # A's secret until the audit
             extractor = self._build_extractor()
+            if cfg.audit.membership:
+                _check_tfts(cfg, extractor)
             summary = summary.model_copy(update={
                 "delta": self.delta, "privacy_unit": extractor.spec.privacy_unit,
                 "cost_model": extractor.spec.cost_model, "relation": _relation(extractor),
@@ -213,7 +276,13 @@ class GraphPartyRun:
             b_ready = True
             summary = self._with_labels(summary, reply)
             roots = self._plan(reply)
+            evaluator = extractor
+            if cfg.audit.membership:
+                # TFTS: training reads only the subgraph of B's training nodes
+                extractor = self._build_extractor(_induced_subgraph(self.data.graph, roots.train_ids))
             plan = extractor.charge_plan(roots)
+            if evaluator is not extractor:
+                _same_charges(plan, evaluator.charge_plan(roots), cfg.extractor.name)
             if cfg.label_privacy.mode == "pate" and plan.stages:
                 raise ValueError(
                     f"label_privacy.mode=pate needs an extractor that A trains without B's labels, but "
@@ -222,6 +291,8 @@ class GraphPartyRun:
                 )
             release = self._release(roots, plan, overrides_root_batches(extractor))
             extractor.bind(release.noise_multiplier)
+            if evaluator is not extractor:
+                evaluator.bind(release.noise_multiplier)
             summary = summary.model_copy(update={
                 "split": reply.split, "noise_multiplier": release.noise_multiplier, "noise_std": release.noise_std,
                 "sensitivity": release.sensitivity, "participation_bound": release.participation_bound,
@@ -244,7 +315,9 @@ class GraphPartyRun:
             self._train(roots, release, extractor, optimizer)
             if self.gradients is not None:
                 self.gradients.save(self._run_dir() / "gradients.npz")
-            metrics = self._evaluate(roots, release, extractor, eval_index)
+            if evaluator is not extractor:
+                evaluator.load_state_dict(extractor.state_dict())
+            metrics = self._evaluate(roots, release, evaluator, eval_index)
             self._save(extractor, optimizer)
             summary = summary.model_copy(update={
                 "status": "completed",
@@ -283,15 +356,17 @@ class GraphPartyRun:
         return summary
 
     # -- set-up ------------------------------------------------------------------------------
-    def _build_extractor(self) -> Extractor:
-        """The run's extractor, from the plugins installed at A (ValueError: unknown or misconfigured)."""
+    def _build_extractor(self, graph: Graph | None = None) -> Extractor:
+        """The run's extractor on ``graph`` (default A's whole graph), from the plugins installed
+        at A (ValueError: unknown or misconfigured)."""
         cls = lookup(self.config.extractor.name)
         params = validated_params(cls.spec, self.config)
         if self.config.privacy.delta is None and cls.spec.privacy_unit == "node":
             self.delta = 1.0 / max(2, self.data.graph.num_nodes)
         self.report(ProgressEvent("setup", message=f"building extractor {cls.spec.name}"))
         setup = ExtractorSetup(
-            config=self.config, params=params, graph=self.data.graph, features=self.data.features,
+            config=self.config, params=params, graph=self.data.graph if graph is None else graph,
+            features=self.data.features,
             device=self.device, sampling_generator=self.sampling_generator,
             noise_generator=self.noise_generator, delta=self.delta,
         )
@@ -365,16 +440,21 @@ class GraphPartyRun:
             raise ValueError("label privacy pate: party B named no query nodes")
         # both charging forms need every node to be a root at most once per pass; under
         # pate the teachers' nodes and the queries are released in the evaluation pass too
-        evaluated = torch.cat([ids["val"], ids["test"], *((ids["train"], ids["query"]) if pate else ())])
+        # (so does TFTS: the training nodes, for the membership attack)
+        tfts = self.config.audit.membership
+        evaluated = torch.cat([
+            ids["val"], ids["test"], *((ids["train"], ids["query"]) if pate else ()), *((ids["train"],) if tfts else ()),
+        ])
         if torch.unique(evaluated).numel() != evaluated.numel():
             what = "splits (val, test, training nodes and queries)" if pate else "val and test splits"
+            what = "splits (train, val and test)" if tfts else what
             raise ValueError(f"party B's {what} overlap: a node would be released twice in one pass")
         chunk = self.config.eval_chunk
         chunks = sum(math.ceil(ids[name].numel() / chunk) for name in ("val", "test"))
         if pate:
             chunks += math.ceil(ids["train"].numel() / chunk) + math.ceil(ids["query"].numel() / chunk)
         train = ids["query"] if pate else ids["train"]
-        return RootPlan(
+        roots = RootPlan(
             train_ids=train,
             val_ids=ids["val"],
             test_ids=ids["test"],
@@ -382,6 +462,10 @@ class GraphPartyRun:
             eval_chunks=chunks,
             teacher_ids=ids["train"] if pate else torch.empty(0, dtype=torch.int64),
         )
+        if tfts:
+            train_chunks = math.ceil(train.numel() / _tfts_chunk(roots, chunk))
+            roots = dataclasses.replace(roots, eval_chunks=chunks + train_chunks)
+        return roots
 
     def _release(self, roots: RootPlan, plan: ChargePlan, chooses_roots: bool = False) -> Release:
         """Each kind's DpEvent: calibrated Gaussian, fixed Gaussian, non-private, or no-op."""
@@ -602,9 +686,13 @@ class GraphPartyRun:
 
     @torch.no_grad()
     def _evaluate(self, roots: RootPlan, release: Release, extractor: Extractor, first_index: int = 0) -> dict[str, Metric]:
+        parts: list[tuple[str, torch.Tensor]] = [("val", roots.val_ids), ("test", roots.test_ids)]
+        if self.config.audit.membership:
+            # TFTS: the members come back too, so B can query the model on them
+            size = _tfts_chunk(roots, self.config.eval_chunk)
+            parts = [("train", ids) for ids in roots.train_ids.split(size)] + parts
         result, _ = self._evaluation_pass(
-            self.label_party.evaluation(), (("val", roots.val_ids), ("test", roots.test_ids)), release, extractor,
-            first_index, "eval", "evaluating",
+            self.label_party.evaluation(), parts, release, extractor, first_index, "eval", "evaluating",
         )
         return {m.split: Metric(name=m.name, value=m.value) for m in result.metrics}
 
