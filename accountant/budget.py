@@ -51,6 +51,7 @@ from vesper.common.privacy.ledger import (
     counted_per_kind,
     is_counted,
     parse_rules,
+    samples_training_steps,
     spent,
 )
 from vesper.common.privacy.theorem21 import calibrate_bound6
@@ -183,7 +184,7 @@ class Accountant:
             z, _ = calibrate(
                 lambda z: composed_event(events(z), counted), target_epsilon, delta, accountant=accountant
             )
-            if accounting == "hidden-batch":
+            if accounting == "hidden-batch" and samples_training_steps(events(1.0)):
                 # both numbers fall as z grows, so the plan fits at the larger of the two z's
                 z = max(z, _calibrate_bound6(plan_rules, counted, target_epsilon, delta))
         except ValueError as exc:

@@ -111,10 +111,13 @@ def test_two_layers_count_what_n_e_allows(
         assert counted == [True] * expected + [False] * (len(counted) - expected), pass_id
 
 
-def test_unknown_parameters_and_hidden_batch_are_refused(cluster: LocalCluster, tmp_path: Path) -> None:
+def test_unknown_parameters_and_hidden_batch_without_amplification_are_refused(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
     for flags, message in (
         (("-p", "aggregation=max"), "bad parameters for extractor vfgnn"),
-        (("--accounting", "hidden-batch"), "supports accounting visible-batch"),
+        # one batch holds every training root: γ = 1, nothing to amplify (docs/extractors/vfgnn.md, 5.3)
+        (("--accounting", "hidden-batch", "--batch-size", "4096"), "amplifies nothing; use visible-batch"),
     ):
         out = tmp_path / "run.json"
         code, output = vesper("train", "--party-a", cluster.party_a_address,

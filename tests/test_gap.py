@@ -151,7 +151,7 @@ def test_registered_under_its_spec_name_with_k_plus_one_output_layers() -> None:
     assert lookup("gap") is GapExtractor
     spec = GapExtractor.spec
     assert (spec.name, spec.privacy_unit, spec.cost_model) == ("gap", "edge", "one-shot")
-    assert spec.accountings == ("visible-batch",) and not spec.edge_sampling
+    assert spec.accountings == ("visible-batch", "hidden-batch") and not spec.edge_sampling
     graph = random_graph(random.Random(0), 12, 0.3)
     assert make_extractor(graph, torch.rand(12, 5), hops=3).output_layers == 4
 

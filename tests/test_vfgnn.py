@@ -350,10 +350,10 @@ def test_charge_plan(layers, degree_bound, form, bound, reach, s_train, s_eval) 
     assert extractor.noise_std == pytest.approx({"train": 3.0 * s_train, "eval": 3.0 * s_eval})
 
 
-def test_only_visible_batch_and_no_edge_sampling() -> None:
+def test_both_accountings_and_no_edge_sampling() -> None:
     spec = VfgnnExtractor.spec
     assert spec.name == "vfgnn" and spec.privacy_unit == "edge" and spec.cost_model == "per-step"
-    assert spec.accountings == ("visible-batch",) and not spec.edge_sampling
+    assert spec.accountings == ("visible-batch", "hidden-batch") and not spec.edge_sampling
 
 
 # --------------------------------------------------------------------------------------

@@ -259,18 +259,19 @@ def composed_event(events: Mapping[str, dpa.DpEvent], counted: Mapping[str, int]
 
 
 def check_hidden_batch_events(events: Mapping[str, dpa.DpEvent]) -> None:
-    """Theorem 2.1 covers sampled Gaussian training steps and unsampled Gaussian sweeps."""
+    """Theorem 2.1 covers sampled Gaussian training steps and unsampled Gaussian releases:
+    the evaluation sweep, and one-shot releases made once over the whole graph (GAP's
+    hops), which nothing hides either."""
     train = events.get("train")
     if not isinstance(train, (dpa.NoOpDpEvent, dpa.NonPrivateDpEvent)) and not (
         isinstance(train, dpa.PoissonSampledDpEvent) and isinstance(train.event, dpa.GaussianDpEvent)
     ):
         raise ValueError("hidden-batch training releases must be PoissonSampled(γ, Gaussian(z)) events")
-    evaluation = events.get("eval", dpa.NoOpDpEvent())
-    if not isinstance(evaluation, (dpa.NoOpDpEvent, dpa.NonPrivateDpEvent, dpa.GaussianDpEvent)):
-        raise ValueError("hidden-batch evaluation releases must be Gaussian events (nothing hides them)")
-    for kind in ("one-shot", "pre-train"):
-        if kind in events:
-            raise ValueError(f"hidden-batch covers per-step extractors only: bound (6) has no term for {kind} releases")
+    for kind, what in (("eval", "evaluation"), ("one-shot", "one-shot")):
+        if not isinstance(events.get(kind, dpa.NoOpDpEvent()), (dpa.NoOpDpEvent, dpa.NonPrivateDpEvent, dpa.GaussianDpEvent)):
+            raise ValueError(f"hidden-batch {what} releases must be Gaussian events (nothing hides them)")
+    if "pre-train" in events:
+        raise ValueError("hidden-batch covers per-step and one-shot extractors only: bound (6) has no term for pre-train releases")
 
 
 def check_unit_and_mode(privacy_unit: str, accounting: str) -> None:
@@ -328,22 +329,40 @@ def check_no_label_mechanisms(events: Mapping[str, dpa.DpEvent]) -> None:
             )
 
 
+def samples_training_steps(events: Mapping[str, dpa.DpEvent]) -> bool:
+    """Whether the run's training steps are sampled releases, the only ones Theorem 2.1 speaks to.
+
+    A run whose training releases are no-op (a one-shot extractor such as GAP: its hops are
+    computed once over the whole graph) samples nothing, so bound (6) has nothing to add
+    to the exact composition of its Gaussian events, and is not computed.
+    """
+    train = events.get("train", dpa.NoOpDpEvent())
+    return not isinstance(train, dpa.NoOpDpEvent)
+
+
 def bound6_epsilon(events: Mapping[str, dpa.DpEvent], counted: Mapping[str, int], delta: float) -> tuple[float, int | None]:
-    """VESPER bound (6) + Lemma 2 over the counted rows (docs/accounting.md)."""
+    """VESPER bound (6) + Lemma 2 over the counted rows (docs/accounting.md).
+
+    Sampled training steps enter bound (6); every unsampled Gaussian release (evaluation
+    sweep, one-shot) adds its Gaussian RDP before the conversion.
+    """
     train, steps = events.get("train", dpa.NoOpDpEvent()), counted.get("train", 0)
-    evaluation, sweeps = events.get("eval", dpa.NoOpDpEvent()), counted.get("eval", 0)
-    if (steps and isinstance(train, dpa.NonPrivateDpEvent)) or (sweeps and isinstance(evaluation, dpa.NonPrivateDpEvent)):
+    unsampled = [(events[kind], counted.get(kind, 0)) for kind in ("eval", "one-shot") if kind in events]
+    if (steps and isinstance(train, dpa.NonPrivateDpEvent)) or any(
+        n and isinstance(event, dpa.NonPrivateDpEvent) for event, n in unsampled
+    ):
         return math.inf, None
     precision = 0.0
-    if sweeps and isinstance(evaluation, dpa.GaussianDpEvent):
-        z = evaluation.noise_multiplier
-        precision = math.inf if z == 0 else sweeps / (z * z)
+    for event, n in unsampled:
+        if n and isinstance(event, dpa.GaussianDpEvent):
+            z = event.noise_multiplier
+            precision += math.inf if z == 0 else n / (z * z)
     if math.isinf(precision):
         return math.inf, None
     if not steps or isinstance(train, dpa.NoOpDpEvent):
         if precision == 0:
             return 0.0, None
-        z, gamma, steps = 1.0, 0.0, 0  # no sampled step: only the sweeps' Gaussian RDP counts
+        z, gamma, steps = 1.0, 0.0, 0  # no sampled step: only the unsampled Gaussian RDP counts
     else:
         z, gamma = train.event.noise_multiplier, train.sampling_probability
     if z == 0:
@@ -357,7 +376,7 @@ def spent(
 ) -> Spent:
     """ε charged for ``counted`` releases of each kind (the rule of the module docstring)."""
     result = epsilon_of(composed_event(events, counted), delta, accountant=accountant)
-    if accounting != "hidden-batch":
+    if accounting != "hidden-batch" or not samples_training_steps(events):
         return Spent(
             epsilon=result.epsilon, accountant=result.accountant,
             epsilon_events=result.epsilon, events_accountant=result.accountant,

@@ -19,6 +19,11 @@ neighbourhood the edge changed can move (V5). A pass is one Gaussian mechanism w
 S_pass² = 2 N_e (V6), charged as one counted release per pass; where N_e is unbounded,
 every release counts with S_step² = 2 n for n roots per release (V7).
 
+Under ``hidden-batch`` (VESPER Theorem 2.1 as published, no guarantee against B; section
+5): every training step is PoissonSampled(γ, Gaussian(θ/S_step)) with γ of Theorem 2.1 and
+the per-step sensitivity S_step² = 2 min(N_e, n) (V8), every step counted; the evaluation
+sweep keeps its visible-batch rule.
+
 A's training (section 2): the gradient of õ_r w.r.t. A's weights would read the
 un-noised graph, so (V2) has no weights and runs under no_grad on a detached encoder;
 the encoder trains only through the edge-free slice h_r^(0) (without it, it stays at
@@ -39,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from vesper.common.privacy.ledger import PlanRule
+from vesper.common.privacy.theorem21 import participation_count, theorem21_gamma
 from vesper.party_a.degree_projection import project_degree
 from vesper.party_a.encoder import MlpEncoder
 from vesper.party_a.extractors.base import (
@@ -167,9 +173,74 @@ def charge(layers: int, fanout: int, degree_bound: int, roots_per_release: dict[
     )
 
 
+def step_sensitivity(layers: int, fanout: int, degree_bound: int, roots_per_release: int) -> float:
+    """S_step = √(2 min(N_e, n)): the L2 change of one release of n roots (eq. V8).
+
+    A release moves only the roots in it that the edge can reach, each by at most √2
+    (V4, V5): s_t² = Σ_{r ∈ step} ‖Δo_r‖² ≤ 2 |step ∩ R| ≤ 2 min(N_e, n), for every pair,
+    root order and seed. Never above S_pass = √(2 N_e) (V6); below it once N_e > n.
+    """
+    reach = edge_reach(layers, fanout, degree_bound)
+    roots = max(1, roots_per_release)
+    return ROOT_BOUND * math.sqrt(roots if reach is None else min(reach, roots))
+
+
+@dataclass(frozen=True)
+class HiddenBatchCharge:
+    """The hidden-batch reproduction (docs/extractors/vfgnn.md, section 5): eqs. V8, V9.
+
+    Training steps: PoissonSampled(γ, Gaussian(θ_train / S_step)), every step counted;
+    the evaluation sweep: its visible-batch rule (V6/V7), nothing sampled there.
+    """
+
+    gamma: float  # γ of VESPER Theorem 2.1 (eq. V9)
+    gamma_degree: int  # D in γ: the degree bound, else the fanout
+    paper_reach: int  # N_e^paper = 2 Σ_{l<L} D^l, the roots γ assumes one edge can reach
+    edge_reach: int | None  # vesper's N_e (V5); None: unbounded
+    train_sensitivity: float  # S_step of one training release (V8)
+    evaluation: VfgnnCharge  # the sweep's visible-batch rule
+
+    @property
+    def gamma_covers_reach(self) -> bool:
+        """Whether γ counts every root the edge can move (N_e ≤ N_e^paper), a necessary
+        condition for γ to bound P[a step's batch holds such a root]."""
+        return self.edge_reach is not None and self.edge_reach <= self.paper_reach
+
+
+def hidden_batch_gamma(train_nodes: int, batch_size: int, degree: int, layers: int) -> float:
+    """γ = 1 − C(N_T − N_e^paper, B) / C(N_T, B), N_e^paper = 2 Σ_{l<L} D^l (VESPER Theorem 2.1, eq. V9).
+
+    As published, and as PMP's hidden-batch plan computes it; B is capped at N_T (the
+    last, smaller batch of an epoch only lowers the probability).
+    """
+    return theorem21_gamma(train_nodes, min(batch_size, train_nodes), degree, layers)
+
+
+def hidden_batch_charge(
+    layers: int, fanout: int, degree_bound: int, train_nodes: int, batch_size: int,
+    roots_per_release: dict[str, int], gamma_degree: int,
+) -> HiddenBatchCharge:
+    """Theorem 2.1's γ for the training steps with S_step (V8, V9); the sweep as visible-batch.
+
+    ``fanout`` is what the extractor reads (0 on a projection); ``gamma_degree`` is the D
+    of Theorem 2.1: the degree bound, else the configured fanout.
+    """
+    return HiddenBatchCharge(
+        gamma=hidden_batch_gamma(train_nodes, batch_size, gamma_degree, layers),
+        gamma_degree=gamma_degree,
+        paper_reach=participation_count(gamma_degree, layers),
+        edge_reach=edge_reach(layers, fanout, degree_bound),
+        train_sensitivity=step_sensitivity(layers, fanout, degree_bound, roots_per_release["train"]),
+        evaluation=charge(layers, fanout, degree_bound, roots_per_release),
+    )
+
+
 def largest_release(roots: RootPlan, batch_size: int, eval_chunk: int) -> dict[str, int]:
-    """n per kind: the most roots one train step or evaluation chunk can carry."""
-    largest_split = max(roots.val_ids.numel(), roots.test_ids.numel())
+    """n per kind: the most roots one train step or evaluation chunk can carry (under pate the
+    evaluation pass also carries B's labelled nodes and the queries, i.e. train_ids)."""
+    pate = roots.teacher_ids.numel() > 0
+    parts = [roots.val_ids, roots.test_ids, *((roots.teacher_ids, roots.train_ids) if pate else ())]
+    largest_split = max(part.numel() for part in parts)
     return {"train": min(batch_size, roots.train_ids.numel()), "eval": min(eval_chunk, largest_split)}
 
 
@@ -199,7 +270,7 @@ class VfgnnExtractor(ExtractorBase):
         "layers, every step (VESPER appendix C.5, Proposition 3)",
         params=VfgnnParams,
         uses=("layers", "dim", "encoder_hidden", "dropout", "noise_multiplier", "fanout", "degree_bound"),
-        accountings=("visible-batch",), edge_sampling=False, docs="docs/extractors/vfgnn.md",
+        accountings=("visible-batch", "hidden-batch"), edge_sampling=False, docs="docs/extractors/vfgnn.md",
     )
 
     def __init__(self, setup: ExtractorSetup) -> None:
@@ -230,8 +301,14 @@ class VfgnnExtractor(ExtractorBase):
 
     # -- what it costs ----------------------------------------------------------------------
     def charge_plan(self, roots: RootPlan) -> ChargePlan:
-        """Both kinds: GaussianDpEvent(z) with θ_kind = z · S_kind (eqs. V6/V7)."""
+        """Both kinds: GaussianDpEvent(z) with θ_kind = z · S_kind (eqs. V6/V7).
+
+        hidden-batch: training steps PoissonSampled(γ, Gaussian(z)) with θ_train = z · S_step
+        (V8, V9), every step counted; the evaluation sweep as under visible-batch.
+        """
         cfg, ex = self.setup.config, self.setup.config.extractor
+        if cfg.privacy.accounting == "hidden-batch":
+            return self.hidden_batch_plan(roots)
         rule = charge(ex.layers, self.fanout, ex.degree_bound, largest_release(roots, cfg.batch_size, cfg.eval_chunk))
         self.sensitivity = dict(rule.sensitivity)
         rules = [PlanRule(kind=kind, participation_bound=rule.participation_bound) for kind in ("train", "eval")]
@@ -245,6 +322,38 @@ class VfgnnExtractor(ExtractorBase):
         return ChargePlan(
             rules, rule.sensitivity["train"], participation_bound=rule.participation_bound, details=details,
         )
+
+    def hidden_batch_plan(self, roots: RootPlan) -> ChargePlan:
+        """VESPER Theorem 2.1 as published (a reproduction, no guarantee against B): eqs. V8, V9."""
+        cfg, ex = self.setup.config, self.setup.config.extractor
+        hidden = hidden_batch_charge(
+            ex.layers, self.fanout, ex.degree_bound, roots.train_ids.numel(), cfg.batch_size,
+            largest_release(roots, cfg.batch_size, cfg.eval_chunk), ex.degree_bound or ex.fanout,
+        )
+        if hidden.gamma >= 1.0:
+            # every batch holds an endpoint: nothing to amplify, and bound (6) (charged when
+            # larger) stays above any budget at γ = 1 (docs/extractors/vfgnn.md, 5.3)
+            raise ValueError(
+                f"hidden-batch: γ = 1 for {roots.train_ids.numel()} training roots in batches of {cfg.batch_size} "
+                "(every batch holds the edge), so VESPER Theorem 2.1 amplifies nothing; use visible-batch"
+            )
+        sweep = hidden.evaluation
+        self.sensitivity = {"train": hidden.train_sensitivity, "eval": sweep.sensitivity["eval"]}
+        rules = [
+            PlanRule(kind="train", participation_bound=None, sampling_probability=hidden.gamma),
+            PlanRule(kind="eval", participation_bound=sweep.participation_bound),
+        ]
+        details = {
+            "sensitivity_form": "per-step", "eval_sensitivity_form": sweep.form,
+            "derivation": "docs/extractors/vfgnn.md: per-root bound V4, N_e eq. V5, per-step sensitivity V8, "
+            "VESPER Theorem 2.1's γ V9 (hidden-batch: assumes B cannot tell which edges a step used)",
+            "gamma": hidden.gamma, "gamma_degree": hidden.gamma_degree, "gamma_reach": hidden.paper_reach,
+            "edge_reach": hidden.edge_reach, "gamma_covers_reach": hidden.gamma_covers_reach,
+            "step_sensitivity": hidden.train_sensitivity, "eval_sensitivity": sweep.sensitivity["eval"],
+            "root_bound": ROOT_BOUND, "aggregation": self.params.aggregation, "self_slice": self.params.self_slice,
+            "released": "h0, noisy output" if self.params.self_slice else "noisy output",
+        }
+        return ChargePlan(rules, hidden.train_sensitivity, participation_bound=None, details=details)
 
     def bind(self, noise_multiplier: float | None) -> None:
         super().bind(noise_multiplier)
