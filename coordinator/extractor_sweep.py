@@ -1,22 +1,37 @@
-"""``vesper bench extractors`` over several budgets: one table per dataset, a column per ε.
+"""``vesper bench extractors`` over several budgets, and the grid ``vesper bench utility`` runs.
 
 The cells, the CSV and resuming are those of :mod:`extractor_table` (a row per finished
-run, keyed by dataset, extractor, seed, ε and accounting). Two things are particular to
-a sweep:
+run, keyed by dataset, extractor, decoder, seed, ε and accounting). A grid cell is
+(dataset, extractor, decoder, accounting, ε, seed); several cells can be served by one
+run, because some runs release nothing that depends on what differs between them:
 
 * an extractor that reads no edge (cost model ``none``, e.g. the MLP) releases nothing
-  that depends on ε: its runs at one budget *are* its runs at every budget, so each seed
-  runs once and the row is shown in every column (the report says so);
-* ``jobs`` > 1 runs cells concurrently, each worker driving its own set of services, so
-  a sweep on a 2-core machine uses both cores. Rows are appended under a lock.
+  that depends on ε or on the accounting mode: one run per (dataset, decoder, seed)
+  serves every ε and both modes (the report says so);
+* ε = ∞ adds no noise and charges nothing: one run per (dataset, extractor, decoder,
+  seed) serves both modes. A row is trusted for this only if its summary recorded no
+  noise multiplier (or 0); one that did keeps its own accounting mode;
+* a one-shot extractor (GAP, DPAR-edge, relational) releases its noisy aggregates once over
+  the whole graph and then trains on them: no batch B sees takes part in the release, so
+  ``hidden-batch``'s sampling credit has nothing to apply to (GAP declares hidden-batch and
+  charges it exactly as visible-batch), and its ``visible-batch`` run serves the
+  ``hidden-batch`` cell;
+* a cell whose mode the extractor does not support otherwise (e.g. HeterPoisson under
+  ``hidden-batch``) is *unsupported*: not run, and reported as such.
+
+``jobs`` > 1 runs cells concurrently, each worker driving its own set of services, so
+a sweep on a 2-core machine uses both cores. Rows are appended under a lock.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
+from pydantic import BaseModel
 from rich.console import Console
 
 from vesper.common.config import RunConfig, RunSummary
@@ -36,73 +51,236 @@ from vesper.coordinator.worker_pool import run_cells
 
 Drive = Callable[[RunConfig], RunSummary]
 
+VISIBLE = "visible-batch"
+HIDDEN = "hidden-batch"
+SHARED = "*"  # in a serve key: any value of this field is served by the same run
 
-def reads_no_edges(extractor: str) -> bool:
-    """Whether the extractor's releases cannot depend on ε (looked up in the local registry)."""
+
+class ExtractorTraits(BaseModel):
+    """What the grid needs to know of an extractor (its ``ExtractorSpec`` at party A)."""
+
+    name: str
+    privacy_unit: str = "edge"
+    cost_model: str = "per-step"
+    accountings: tuple[str, ...] = (VISIBLE, HIDDEN)
+
+    @property
+    def reads_no_edges(self) -> bool:
+        return self.cost_model == "none"
+
+    @property
+    def accounting_free(self) -> bool:
+        """Whether its releases are the same under both modes: nothing B-visible is sampled in them."""
+        return self.reads_no_edges or self.cost_model == "one-shot"
+
+    @property
+    def run_accounting(self) -> str:
+        """The mode its shared runs use: visible-batch, the one every extractor supports."""
+        return VISIBLE if VISIBLE in self.accountings else self.accountings[0]
+
+
+Traits = Callable[[str], ExtractorTraits]
+
+
+@functools.lru_cache(maxsize=None)
+def registry_traits(name: str) -> ExtractorTraits:
+    """Traits from this machine's extractor registry; an extractor not installed here (a plugin
+    at a remote party A) is run at every cell as asked, and A refuses what it cannot do.
+
+    Cached: a lookup scans the entry points (~0.2 s), and a report asks once per row and cell."""
     try:
         from vesper.party_a.extractors.registry import lookup
 
-        return lookup(extractor).spec.cost_model == "none"
-    except Exception:  # noqa: BLE001 — not installed here: run it at every ε, the safe choice
-        return False
+        spec = lookup(name).spec
+    except Exception:  # noqa: BLE001 — not installed here: the safe choice is to share nothing
+        return ExtractorTraits(name=name)
+    return ExtractorTraits(
+        name=name, privacy_unit=spec.privacy_unit, cost_model=spec.cost_model, accountings=tuple(spec.accountings)
+    )
 
 
-def with_budget(base: RunConfig, epsilon: float) -> RunConfig:
+def reads_no_edges(extractor: str) -> bool:
+    """Whether the extractor's releases cannot depend on ε (looked up in the local registry)."""
+    return registry_traits(extractor).reads_no_edges
+
+
+class GridCell(NamedTuple):
+    """One cell of a grid; ``dataset`` is what the run is given (a name or an .npz path)."""
+
+    dataset: str
+    extractor: str
+    decoder: str
+    accounting: str
+    epsilon: float
+    seed: int
+
+
+ServeKey = tuple[str, str, str, str, object, int]
+
+
+def serve_key(
+    label: str, extractor: str, decoder: str, accounting: str, epsilon: float, seed: int, traits: ExtractorTraits,
+    noise_multiplier: float | None = None,
+) -> ServeKey:
+    """Which run serves the cell (label, extractor, decoder, accounting, ε, seed): equal keys, one run.
+
+    ``noise_multiplier`` is a finished row's; at ε = ∞ a row with noise is not shared.
+    """
+    if traits.reads_no_edges:
+        return (label, extractor, decoder, SHARED, SHARED, seed)
+    noise_free = math.isinf(epsilon) and not noise_multiplier
+    if noise_free or traits.accounting_free:
+        return (label, extractor, decoder, SHARED, epsilon, seed)
+    return (label, extractor, decoder, accounting, epsilon, seed)
+
+
+def row_serve_key(row: TableRow, traits: Traits) -> ServeKey:
+    return serve_key(
+        row.dataset, row.extractor, row.decoder, row.accounting, row.epsilon_budget, row.seed,
+        traits(row.extractor), row.noise_multiplier,
+    )
+
+
+def cell_serve_key(cell: GridCell, traits: Traits) -> ServeKey:
+    return serve_key(
+        dataset_label(cell.dataset), cell.extractor, cell.decoder, cell.accounting, cell.epsilon, cell.seed,
+        traits(cell.extractor),
+    )
+
+
+def supported(cell: GridCell, traits: Traits) -> bool:
+    found = traits(cell.extractor)
+    return cell.accounting in found.accountings or cell_serve_key(cell, traits)[3] == SHARED
+
+
+def run_of(cell: GridCell, traits: Traits) -> GridCell:
+    """The cell actually run for ``cell``: a shared key runs under its extractor's ``run_accounting``."""
+    if cell_serve_key(cell, traits)[3] == SHARED:
+        return cell._replace(accounting=traits(cell.extractor).run_accounting)
+    return cell
+
+
+def grid_cells(
+    datasets: Iterable[str], extractors: Iterable[str], decoders: Iterable[str], accountings: Iterable[str],
+    epsilons: Iterable[float], seeds: int,
+) -> list[GridCell]:
+    """Every cell of the product, in report order."""
+    epsilons, extractors, decoders, accountings = list(epsilons), list(extractors), list(decoders), list(accountings)
+    return [
+        GridCell(dataset, extractor, decoder, accounting, epsilon, seed)
+        for dataset in datasets for decoder in decoders for accounting in accountings
+        for extractor in extractors for epsilon in epsilons for seed in range(seeds)
+    ]
+
+
+class GridPlan(BaseModel):
+    """The runs a grid needs: done (a completed row serves them), missing, and unsupported cells."""
+
+    runs: list[GridCell]  # one per serve key, in the order of the cells
+    done: list[TableRow]  # the completed rows that serve some of ``runs``
+    missing: list[GridCell]
+    unsupported: list[GridCell]
+
+
+def plan_grid(cells_: Iterable[GridCell], rows: Iterable[TableRow], traits: Traits) -> GridPlan:
+    """Map every cell to the run serving it, and find which runs a completed row already serves."""
+    completed: dict[ServeKey, TableRow] = {}
+    for row in rows:
+        if row.status == "completed":
+            completed.setdefault(row_serve_key(row, traits), row)
+    runs: dict[ServeKey, GridCell] = {}
+    unsupported: list[GridCell] = []
+    for cell in cells_:
+        if not supported(cell, traits):
+            unsupported.append(cell)
+            continue
+        runs.setdefault(cell_serve_key(cell, traits), run_of(cell, traits))
+    done = [completed[key] for key in runs if key in completed]
+    missing = [run for key, run in runs.items() if key not in completed]
+    return GridPlan(runs=list(runs.values()), done=done, missing=missing, unsupported=unsupported)
+
+
+def run_grid(
+    base: RunConfig, plan: GridPlan, out_dir: Path, drivers: Sequence[Drive], console: Console,
+) -> list[TableRow]:
+    """Run the plan's missing runs, ``len(drivers)`` at a time; every row is appended to
+    out_dir/results.csv as soon as its run ends. Returns the done rows and the new ones."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv_path = out_dir / "results.csv"
+
+    def run(drive: Drive, cell: GridCell) -> TableRow:
+        config = run_config(with_budget(base, cell.epsilon, cell.accounting), cell.dataset, cell.extractor, cell.seed,
+                            cell.decoder)
+        # the row names the cell it was run for, whatever a failed run's summary left empty
+        return row_of(drive(config), cell.dataset, cell.seed).model_copy(update={
+            "extractor": cell.extractor, "decoder": cell.decoder, "accounting": cell.accounting,
+            "epsilon_budget": cell.epsilon,
+        })
+
+    return [*plan.done, *run_cells(
+        plan.missing, drivers, run, lambda row: append_row(csv_path, row), describe_cell, console,
+    )]
+
+
+def describe_cell(cell: GridCell) -> str:
+    return (
+        f"{dataset_label(cell.dataset)} · {cell.extractor}+{cell.decoder} · {cell.accounting} · "
+        f"ε={_format_eps(cell.epsilon)} · seed {cell.seed}"
+    )
+
+
+def served_cell(
+    rows: Iterable[TableRow], label: str, extractor: str, decoder: str, accounting: str, epsilon: float,
+    traits: Traits,
+) -> Cell | None:
+    """Mean ± std over the completed rows that serve this (dataset, extractor, decoder, accounting, ε)."""
+    found = traits(extractor)
+    want = serve_key(label, extractor, decoder, accounting, epsilon, 0, found)[:5]
+    if not (accounting in found.accountings or want[3] == SHARED):
+        return None
+    by_seed: dict[int, TableRow] = {}  # a seed run twice (two tables merged) counts once
+    for r in rows:
+        if r.status == "completed" and row_serve_key(r, traits)[:5] == want:
+            by_seed.setdefault(r.seed, r)
+    grouped = cells(by_seed.values())
+    return grouped[0] if grouped else None
+
+
+def with_budget(base: RunConfig, epsilon: float, accounting: str | None = None) -> RunConfig:
     data = base.model_dump(mode="json")
     data["privacy"]["epsilon"] = epsilon
+    if accounting is not None:
+        data["privacy"]["accounting"] = accounting
     return RunConfig.model_validate(data)
+
+
+def _free_traits(epsilon_free: Callable[[str], bool] | None) -> Traits:
+    if epsilon_free is None:
+        return registry_traits
+    return lambda name: ExtractorTraits(name=name, cost_model="none" if epsilon_free(name) else "per-step")
 
 
 def planned_cells(
     epsilons: Sequence[float], datasets: Iterable[str], extractors: Iterable[str], seeds: int,
-    epsilon_free: Callable[[str], bool],
+    epsilon_free: Callable[[str], bool] | None = None,
 ) -> list[tuple[float, str, str, int]]:
     """(ε, dataset, extractor, seed) of every run the sweep needs; ε-free extractors run at the first ε."""
-    planned = []
-    for dataset in datasets:
-        for extractor in extractors:
-            budgets = epsilons[:1] if epsilon_free(extractor) else epsilons
-            for epsilon in budgets:
-                planned += [(epsilon, dataset, extractor, seed) for seed in range(seeds)]
-    return planned
+    grid = grid_cells(datasets, extractors, ["concat"], [VISIBLE], epsilons, seeds)
+    plan = plan_grid(grid, [], _free_traits(epsilon_free))
+    return [(run.epsilon, run.dataset, run.extractor, run.seed) for run in plan.runs]
 
 
 def run_sweep(
     base: RunConfig, epsilons: Sequence[float], datasets: Sequence[str], extractors: Sequence[str], seeds: int,
     out_dir: Path, drivers: Sequence[Drive], console: Console,
-    epsilon_free: Callable[[str], bool] = reads_no_edges,
+    epsilon_free: Callable[[str], bool] | None = None,
 ) -> list[TableRow]:
-    """Run every missing cell, ``len(drivers)`` at a time; return the sweep's rows (ε-free rows once)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    csv_path = out_dir / "results.csv"
-    accounting = base.privacy.accounting
-    done: dict[tuple, TableRow] = {}
-    for row in read_rows(csv_path):
-        if row.status == "completed":
-            done[row.key] = row
-            if epsilon_free(row.extractor):  # one completed seed serves every budget
-                done.setdefault((row.dataset, row.extractor, row.seed, "any", row.accounting), row)
-    rows: list[TableRow] = []
-    missing: list[tuple[float, str, str, int]] = []
-    for epsilon, dataset, extractor, seed in planned_cells(epsilons, datasets, extractors, seeds, epsilon_free):
-        label = dataset_label(dataset)
-        found = done.get((label, extractor, seed, epsilon, accounting))
-        if found is None and epsilon_free(extractor):
-            found = done.get((label, extractor, seed, "any", accounting))
-        if found is not None:
-            rows.append(found)
-        else:
-            missing.append((epsilon, dataset, extractor, seed))
-
-    def run(drive: Drive, cell: tuple[float, str, str, int]) -> TableRow:
-        epsilon, dataset, extractor, seed = cell
-        return row_of(drive(run_config(with_budget(base, epsilon), dataset, extractor, seed)), dataset, seed)
-
-    rows += run_cells(
-        missing, drivers, run, lambda row: append_row(csv_path, row),
-        lambda cell: f"ε={cell[0]:g} · {dataset_label(cell[1])} · {cell[2]} · seed {cell[3]}", console,
-    )
-    return rows
+    """Run every missing cell at the base run's decoder and accounting, ``len(drivers)`` at a
+    time; return the sweep's rows (a row serving several cells once)."""
+    traits = _free_traits(epsilon_free)
+    grid = grid_cells(datasets, extractors, [base.decoder.kind], [base.privacy.accounting], epsilons, seeds)
+    plan = plan_grid(grid, read_rows(out_dir / "results.csv"), traits)
+    return run_grid(base, plan, out_dir, drivers, console)
 
 
 # -- the report ------------------------------------------------------------------------------
@@ -120,6 +298,7 @@ def markdown(
     rows: list[TableRow], base: RunConfig, epsilons: Sequence[float], seeds: int, command: str,
     epsilon_free: Callable[[str], bool] = reads_no_edges,
 ) -> str:
+    """The sweep's report at its one decoder and accounting: a table per dataset, a column per ε."""
     extractors = list(dict.fromkeys(r.extractor for r in rows))
     datasets = list(dict.fromkeys(r.dataset for r in rows))
     free = [e for e in extractors if epsilon_free(e)]

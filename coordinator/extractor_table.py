@@ -47,8 +47,12 @@ RECIPES: dict[str, dict[str, Any]] = {
 
 
 class TableRow(BaseModel):
+    """One finished run. ``decoder`` and ``noise_multiplier`` came later: a CSV without them
+    reads as concat runs whose noise was not recorded."""
+
     dataset: str
     extractor: str
+    decoder: str = "concat"
     seed: int
     epsilon_budget: float
     accounting: str
@@ -58,57 +62,80 @@ class TableRow(BaseModel):
     val: float | None = None
     epsilon_spent: float = 0.0
     privacy_unit: str = "edge"
+    noise_multiplier: float | None = None
     seconds: float = 0.0
     run_id: str = ""
     message: str = ""
 
     @property
-    def key(self) -> tuple[str, str, int, float, str]:
-        return (self.dataset, self.extractor, self.seed, self.epsilon_budget, self.accounting)
+    def key(self) -> tuple[str, str, str, int, float, str]:
+        return (self.dataset, self.extractor, self.decoder, self.seed, self.epsilon_budget, self.accounting)
 
 
 def dataset_label(dataset: str) -> str:
     return Path(dataset).stem if dataset.endswith(".npz") else dataset
 
 
-def run_config(base: RunConfig, dataset: str, extractor: str, seed: int) -> RunConfig:
-    """``base`` with the cell's dataset, extractor, its recipe, and seed."""
+def run_config(base: RunConfig, dataset: str, extractor: str, seed: int, decoder: str | None = None) -> RunConfig:
+    """``base`` with the cell's dataset, extractor, its recipe, seed and (if given) decoder."""
     data = base.model_dump(mode="json")
     data.update({"dataset": dataset, "seed": seed})
     data["extractor"].update({"name": extractor, "params": {}})
+    if decoder is not None:
+        data["decoder"]["kind"] = decoder
     for dotted, value in RECIPES.get(extractor, {}).items():
         set_dotted(data, dotted, value)
     return RunConfig.model_validate(data)
 
 
+_OPTIONAL = {name for name, field in TableRow.model_fields.items() if not field.is_required() and field.default is None}
+
+
 def read_rows(path: Path) -> list[TableRow]:
+    """Every row of a results.csv, of this version or an older one (missing columns take defaults)."""
     if not path.exists():
         return []
     with path.open(newline="") as handle:
         return [
-            TableRow.model_validate({k: (None if v == "" and k in ("test", "val") else v) for k, v in row.items()})
+            TableRow.model_validate({k: (None if v == "" and k in _OPTIONAL else v) for k, v in row.items()})
             for row in csv.DictReader(handle)
         ]
 
 
-def append_row(path: Path, row: TableRow) -> None:
-    fresh = not path.exists()
-    with path.open("a", newline="") as handle:
+def _write_rows(path: Path, rows: Iterable[TableRow], mode: str) -> None:
+    with path.open(mode, newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(TableRow.model_fields))
-        if fresh:
+        if mode == "w":
             writer.writeheader()
-        writer.writerow({k: ("" if v is None else v) for k, v in row.model_dump().items()})
+        for row in rows:
+            writer.writerow({k: ("" if v is None else v) for k, v in row.model_dump().items()})
+
+
+def append_row(path: Path, row: TableRow) -> None:
+    """Append one row; a file with other columns (an older version) is rewritten first,
+    so that appended values never land under another column's header."""
+    if not path.exists():
+        _write_rows(path, [row], "w")
+        return
+    with path.open(newline="") as handle:
+        header = next(csv.reader(handle), [])
+    if header != list(TableRow.model_fields):
+        _write_rows(path, [*read_rows(path), row], "w")
+        return
+    _write_rows(path, [row], "a")
 
 
 def row_of(summary: RunSummary, dataset: str, seed: int) -> TableRow:
+    """The run's row; its cell (extractor, decoder, ε, accounting) as the summary states it."""
     return TableRow(
-        dataset=dataset_label(dataset), extractor=summary.extractor, seed=seed,
+        dataset=dataset_label(dataset), extractor=summary.extractor, decoder=summary.decoder or "concat", seed=seed,
         epsilon_budget=summary.epsilon_budget, accounting=summary.accounting, status=summary.status,
         metric=summary.test_metric.name if summary.test_metric else "",
         test=summary.test_metric.value if summary.test_metric else None,
         val=summary.val_metric.value if summary.val_metric else None,
-        epsilon_spent=summary.epsilon_spent, privacy_unit=summary.privacy_unit, seconds=summary.seconds,
-        run_id=summary.run_id, message=summary.message if summary.status != "completed" else "",
+        epsilon_spent=summary.epsilon_spent, privacy_unit=summary.privacy_unit,
+        noise_multiplier=summary.noise_multiplier, seconds=summary.seconds, run_id=summary.run_id,
+        message=summary.message if summary.status != "completed" else "",
     )
 
 
@@ -124,7 +151,10 @@ def run_table(
     for dataset in datasets:
         for extractor in extractors:
             for seed in range(seeds):
-                key = (dataset_label(dataset), extractor, seed, base.privacy.epsilon, base.privacy.accounting)
+                key = (
+                    dataset_label(dataset), extractor, base.decoder.kind, seed, base.privacy.epsilon,
+                    base.privacy.accounting,
+                )
                 if key in done:
                     rows.append(done[key])
                     continue
