@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vesper.common.seeded_dropout import SeededDropout
+
 
 class MlpEncoder(nn.Module):
     """x_v -> h_v^(0) = normalize(relu(MLP(x_v))).
@@ -19,7 +21,7 @@ class MlpEncoder(nn.Module):
         self.net = nn.Sequential(
             nn.Linear(in_features, hidden),
             nn.ReLU(),
-            nn.Dropout(dropout),
+            SeededDropout(dropout),
             nn.Linear(hidden, out_dim),
         )
 

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from vesper.common.config import DecoderConfig
+from vesper.common.seeded_dropout import SeededDropout
 
 
 class ConcatDecoder(nn.Module):
@@ -14,7 +15,7 @@ class ConcatDecoder(nn.Module):
     def __init__(self, dim: int, layers: int, hidden: int, classes: int, dropout: float) -> None:
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(dim * layers, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, classes)
+            nn.Linear(dim * layers, hidden), nn.ReLU(), SeededDropout(dropout), nn.Linear(hidden, classes)
         )
 
     def forward(self, embeddings: torch.Tensor) -> torch.Tensor:  # [B, d, L]
@@ -27,7 +28,7 @@ class GruDecoder(nn.Module):
     def __init__(self, dim: int, hidden: int, classes: int, dropout: float) -> None:
         super().__init__()
         self.gru = nn.GRU(dim, hidden, batch_first=True)
-        self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(hidden, classes))
+        self.head = nn.Sequential(SeededDropout(dropout), nn.Linear(hidden, classes))
 
     def forward(self, embeddings: torch.Tensor) -> torch.Tensor:  # [B, d, L]
         _, last = self.gru(embeddings.transpose(1, 2))

@@ -1,0 +1,37 @@
+"""Dropout that draws from its own generator, so a run repeats exactly.
+
+``nn.Dropout`` draws from torch's process-wide RNG, which nothing seeds per run (torch
+seeds it at random in every process): two runs with the same seeds then differ by
+their dropout masks, and two runs sharing a process share one stream. Each
+``SeededDropout`` takes its seed from torch's RNG when it is built — every party builds
+its modules inside ``fork_rng`` + ``manual_seed(config.seed)`` — and keeps a generator
+of its own, made on the device of the first input it sees.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class SeededDropout(nn.Module):
+    """Inverted dropout (scale kept units by 1/(1 − p)) with a generator of its own."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        self.p = p
+        self.seed = int(torch.randint(0, 1 << 62, ()).item())
+        self._generator: torch.Generator | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if self._generator is None or self._generator.device != x.device:
+            self._generator = torch.Generator(device=x.device).manual_seed(self.seed)
+        keep = torch.rand(x.shape, generator=self._generator, device=x.device, dtype=x.dtype) >= self.p
+        return x * keep / (1.0 - self.p)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
