@@ -50,6 +50,10 @@ class AccountantClient:
     A charge that fails for a transient reason (the accountant restarting, a dropped
     connection) is retried with the same release key: the accountant recognises the
     retry and does not charge twice.
+
+    ``channel``: an already-made channel to the accountant (e.g. ``coordinator.in_process``'s,
+    which calls the accountant's servicer without a network); by default one to
+    ``address``. Either way the client owns it and closes it.
     """
 
     RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -61,13 +65,14 @@ class AccountantClient:
         self, address: str, charge_token: str | None, timeout_s: float = 30.0, charge_retries: int = 5,
         token_hint: str = "party A has no charge token for the accountant at {address} (set "
         "party_a.accountant_token_file to a copy of the accountant's charge token file)",
+        channel: grpc.Channel | None = None,
     ) -> None:
         self.address = address
         self.token_hint = token_hint
         self.timeout_s = timeout_s
         self.charge_retries = charge_retries
         self._metadata = (("authorization", f"Bearer {charge_token}"),) if charge_token else ()
-        self._channel = grpc.insecure_channel(address, options=channel_options(16))
+        self._channel = channel if channel is not None else grpc.insecure_channel(address, options=channel_options(16))
         self._stub = acc_grpc.AccountantStub(self._channel)
 
     def close(self) -> None:

@@ -121,10 +121,21 @@ class EvaluationStream:
 
 
 class LabelPartyClient:
-    def __init__(self, address: str, max_message_mb: int, timeout_s: float) -> None:
+    """Party A's calls to party B.
+
+    ``channel``: an already-made channel to B (e.g. ``coordinator.in_process``'s, which
+    calls B's servicer without a network); by default one to ``address``. Either way
+    the client owns it and closes it.
+    """
+
+    def __init__(
+        self, address: str, max_message_mb: int, timeout_s: float, channel: grpc.Channel | None = None
+    ) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(address, options=channel_options(max_message_mb))
+        if channel is None:
+            channel = grpc.insecure_channel(address, options=channel_options(max_message_mb))
+        self._channel = channel
         self._stub = lp_grpc.LabelPartyStub(self._channel)
 
     def close(self) -> None:
