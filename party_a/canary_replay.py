@@ -85,6 +85,11 @@ def replay_scores(
     with_all = build_graph(np.concatenate([np.asarray(edges, dtype=np.int64).reshape(-1, 2), draw.pairs]), num_nodes)
     endpoints = np.unique(draw.pairs.reshape(-1))
     endpoints = endpoints[received.eval_seen[endpoints]]
+    if not endpoints.size:
+        raise ValueError(
+            "no canary endpoint was released in the evaluation pass (the canaries are training roots): "
+            "the per-release statistics (party_a.canary_statistics) score them"
+        )
     nodes = torch.from_numpy(endpoints)
     h_out = _noiseless_release(_trained_extractor(state, without, x), nodes).numpy().reshape(len(endpoints), -1)
     h_in = _noiseless_release(_trained_extractor(state, with_all, x), nodes).numpy().reshape(len(endpoints), -1)

@@ -44,7 +44,8 @@ from vesper.common.wire import (
     node_mask,
     validate_node_ids,
 )
-from vesper.party_a.canaries import CanaryDraw, canary_generator, draw_canaries, plant
+from vesper.party_a.canaries import CanaryDraw, canary_generator, draw_canaries, draw_coins, plant
+from vesper.party_a.canary_statistics import STATISTICS_FILE, CanaryStatistics, observe_releases, unsupported_reason
 from vesper.party_a.extractors.base import (
     ChargePlan,
     Extractor,
@@ -227,20 +228,18 @@ class GraphPartyRun:
         self.report = report
         self.cancelled = cancelled
         self.run_id = uuid.uuid4().hex[:12]
-        self.canaries: CanaryDraw | None = None
         self.setup_error = ""  # raised by execute, which reports it as a failed run
-        if config.audit.canaries:
-            try:
-                self.canaries = draw_canaries(
-                    data.graph, config.audit.canaries, config.audit.canary_seed,
-                    canary_generator(settings.secret_seed, config.seed),
-                )
-                # a new GraphData: the service's cached one is shared by every run
-                self.data = data = dataclasses.replace(data, graph=plant(data.graph, self.canaries))
-            except ValueError as exc:
-                self.setup_error = str(exc)
-        # the default δ = 1/|E| counts the planted canaries: they are edges of the graph the run reads
-        self.delta = config.privacy.delta or 1.0 / max(2, data.graph.num_edges)
+        # canaries: the coins now, the pairs once B has named its split (_plant_canaries)
+        self.canary_coins = (
+            draw_coins(config.audit.canaries, canary_generator(settings.secret_seed, config.seed))
+            if config.audit.canaries else None
+        )
+        self.canaries: CanaryDraw | None = None
+        self.canary_statistics: CanaryStatistics | None = None
+        # the default δ = 1/|E| counts the canaries to be planted: they are edges of the graph the run reads
+        # (if B's split leaves room for fewer pairs, |E| is overcounted and δ a little smaller than 1/|E|)
+        planted = 0 if self.canary_coins is None else int(self.canary_coins.sum())
+        self.delta = config.privacy.delta or 1.0 / max(2, data.graph.num_edges + planted)
         self.epsilon_spent = 0.0
         self.steps_done = 0
         self.status_url = f"{settings.accountant_status_url.rstrip('/')}/v1/runs/{self.run_id}"
@@ -263,8 +262,6 @@ class GraphPartyRun:
         try:
             if self.setup_error:
                 raise ValueError(self.setup_error)
-            if self.canaries is not None:
-                self.canaries.save(self._run_dir() / "canaries.npz")  # A's secret until the audit
             extractor = self._build_extractor()
             if cfg.audit.membership:
                 _check_tfts(cfg, extractor)
@@ -276,6 +273,9 @@ class GraphPartyRun:
             b_ready = True
             summary = self._with_labels(summary, reply)
             roots = self._plan(reply)
+            if self.canary_coins is not None:
+                self._plant_canaries(roots)
+                extractor = self._build_extractor()  # on the planted graph
             evaluator = extractor
             if cfg.audit.membership:
                 # TFTS: training reads only the subgraph of B's training nodes
@@ -293,6 +293,8 @@ class GraphPartyRun:
             extractor.bind(release.noise_multiplier)
             if evaluator is not extractor:
                 evaluator.bind(release.noise_multiplier)
+            if self.canaries is not None:
+                self._observe_canaries(extractor, evaluator)
             summary = summary.model_copy(update={
                 "split": reply.split, "noise_multiplier": release.noise_multiplier, "noise_std": release.noise_std,
                 "sensitivity": release.sensitivity, "participation_bound": release.participation_bound,
@@ -319,6 +321,8 @@ class GraphPartyRun:
                 evaluator.load_state_dict(extractor.state_dict())
             metrics = self._evaluate(roots, release, evaluator, eval_index)
             self._save(extractor, optimizer)
+            if self.canary_statistics is not None:
+                self.canary_statistics.save(self._run_dir() / STATISTICS_FILE)
             summary = summary.model_copy(update={
                 "status": "completed",
                 "test_metric": metrics.get("test"),
@@ -356,6 +360,33 @@ class GraphPartyRun:
         return summary
 
     # -- set-up ------------------------------------------------------------------------------
+    def _plant_canaries(self, roots: RootPlan) -> None:
+        """Worst-case canaries (party_a.canaries): pairs of low-degree training roots, planted
+        into a new GraphData (the service's cached one is shared by every run)."""
+        self.canaries = draw_canaries(
+            self.data.graph, self.canary_coins, self.config.audit.canary_seed, roots.train_ids.cpu().numpy(),
+            self.config.extractor.fanout,
+        )
+        if self.canaries.m < self.canary_coins.size:
+            self.report(ProgressEvent("setup", message=(
+                f"audit.canaries: only {self.canaries.m} of {self.canary_coins.size} canary pairs fit among "
+                "B's low-degree training roots"
+            )))
+        self.data = dataclasses.replace(self.data, graph=plant(self.data.graph, self.canaries))
+        self.canaries.save(self._run_dir() / "canaries.npz")  # A's secret until the audit
+
+    def _observe_canaries(self, *extractors: Extractor) -> None:
+        """Per-release white-box statistics of the canary endpoints (party_a.canary_statistics),
+        for the extractors they cover; nothing of it is sent or charged."""
+        reason = unsupported_reason(extractors[0])
+        if reason:
+            self.report(ProgressEvent("setup", message=f"no per-release canary statistics: {reason}"))
+            return
+        ex = self.config.extractor
+        self.canary_statistics = CanaryStatistics(self.canaries, self.data.graph.num_nodes, ex.dim, ex.layers)
+        for extractor in dict.fromkeys(extractors):  # the evaluator may be the extractor itself
+            observe_releases(extractor, self.canary_statistics)
+
     def _build_extractor(self, graph: Graph | None = None) -> Extractor:
         """The run's extractor on ``graph`` (default A's whole graph), from the plugins installed
         at A (ValueError: unknown or misconfigured)."""
