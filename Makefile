@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench-accounting bench-extractors bench-extractors-sweep bench-label-privacy proto check-proto clean
+.PHONY: demo test bench-accounting bench-extractors bench-extractors-sweep bench-label-privacy results results-quick proto check-proto clean
 TOLOKERS ?= ../shared/data/tolokers.npz
 
 $(STAMP): pyproject.toml
@@ -44,6 +44,15 @@ bench-extractors-sweep: $(STAMP)
 bench-label-privacy: $(STAMP)
 	$(BIN)/vesper bench label-privacy --dataset $(TOLOKERS) --seeds 3 --jobs 2 --out docs/label-privacy/tolokers
 	$(BIN)/vesper bench label-privacy --dataset cora --seeds 3 --jobs 2 --out docs/label-privacy/cora
+
+# docs/results.md from scratch: the privacy-utility grid (VESPER's findings a-d under both
+# accounting modes) and the audit, on Cora, Tolokers and the synthetic graphs (resumable;
+# delete docs/results/ to start over). results-quick: the small grid, under 10 minutes.
+results: $(STAMP)
+	$(BIN)/vesper bench results --jobs 2
+
+results-quick: $(STAMP)
+	$(BIN)/vesper bench results --quick --jobs 2 --out bench/results-quick --report bench/results-quick.md
 
 proto: $(STAMP)
 	$(BIN)/python -m vesper.proto.generate

@@ -165,6 +165,18 @@ RecordGradientsOpt = typer.Option(
     help="Party A keeps the gradients B sends (first and last epoch) in runs/<id>/gradients.npz, for the "
     "label-leakage measurement.",
 )
+CanariesOpt = typer.Option(
+    None, "--canaries", min=0,
+    help="Audit: m candidate canary edges party A plants, each with probability ½ (see vesper audit).",
+)
+MembershipAuditOpt = typer.Option(
+    None, "--membership-audit/--no-membership-audit",
+    help="Audit (TFTS): train on the subgraph of B's training nodes, evaluate on the full graph.",
+)
+RecordReleasesOpt = typer.Option(
+    None, "--record-releases/--no-record-releases",
+    help="Audit: party B keeps what it received (runs/<id>/received.npz) for vesper audit.",
+)
 
 
 def _overrides(**kw: Any) -> dict[str, Any]:
@@ -194,6 +206,9 @@ def _overrides(**kw: Any) -> dict[str, Any]:
         "label_privacy.delta": kw["label_delta"],
         **{f"label_privacy.pate.{key}": value for key, value in _params(kw["label_param"]).items()},
         "record_gradients": kw["record_gradients"],
+        "audit.canaries": kw.get("canaries"),
+        "audit.membership": kw.get("membership_audit"),
+        "audit.record_releases": kw.get("record_releases"),
     }
 
 
@@ -350,6 +365,9 @@ def train(
     label_delta: Optional[float] = LabelDeltaOpt,
     label_param: Optional[list[str]] = LabelParamOpt,
     record_gradients: Optional[bool] = RecordGradientsOpt,
+    canaries: Optional[int] = CanariesOpt,
+    membership_audit: Optional[bool] = MembershipAuditOpt,
+    record_releases: Optional[bool] = RecordReleasesOpt,
     json_out: Optional[Path] = JsonOutOpt,
 ) -> None:
     """Train one run against running services, with a live progress bar."""
@@ -513,6 +531,72 @@ def ledger_verify(
     _print_verification(result)
     if view.accounting == "hidden-batch":
         console.print(f"accounting: {view.assumption}", highlight=False)
+
+
+@app.command()
+def audit(
+    run_id: str = typer.Argument(..., help="A finished run, trained with audit.record_releases = true."),
+    config: Optional[Path] = typer.Option(
+        None, "--config", "-c", help="TOML file whose \\[party_a] and \\[party_b] sections name the workdirs."
+    ),
+    party_a_workdir: Optional[Path] = typer.Option(None, "--party-a-workdir", help="Party A's workdir (A's summary and canary draw)."),
+    party_b_workdir: Optional[Path] = typer.Option(None, "--party-b-workdir", help="Party B's workdir (what B received)."),
+    dataset: Optional[Path] = typer.Option(None, "--dataset", help="The run's .npz (default: the run's dataset name resolved here)."),
+    confidence: float = typer.Option(0.95, "--confidence", help="Confidence of the canary audit's ε lower bound.", min=0.5, max=0.9999),
+    seed: int = typer.Option(0, "--seed", help="Seed of the attacks' own sampling (non-edges, shadow set).", min=0),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Attack a finished run from party B's position (docs/audit.md).
+
+    Membership inference (TFTS runs: audit.membership), edge inference from the released
+    embeddings, and the one-run canary audit (runs with audit.canaries): its empirical
+    lower bound on ε is printed beside the accountant's ε. Exit 5 if the bound exceeds it.
+    """
+    from vesper.coordinator.audit import AuditError, audit_run
+
+    loaded = _load(config) if config is not None else VesperConfig()
+    a_dir = party_a_workdir or (loaded.party_a or PartyAConfig()).workdir
+    b_dir = party_b_workdir or (loaded.party_b or PartyBConfig()).workdir
+    try:
+        report = audit_run(run_id, a_dir, b_dir, dataset=dataset, confidence=confidence, seed=seed)
+    except (AuditError, FileNotFoundError, ValueError) as exc:
+        _fail(str(exc), 1)
+    if as_json:
+        console.print_json(report.model_dump_json())
+    else:
+        _print_audit(report)
+    if report.bound_exceeds_accountant:
+        raise typer.Exit(5)
+
+
+def _print_audit(report) -> None:
+    console.print(
+        f"run {report.run_id}: {report.extractor} on {report.dataset}, {report.accounting}, "
+        f"ε spent {format_epsilon(report.epsilon_spent)} of {format_epsilon(report.epsilon_budget)}, δ {report.delta:.3g}",
+        highlight=False,
+    )
+    table = Table(box=box.SIMPLE_HEAD)
+    for column in ("attack", "result", "detail"):
+        table.add_column(column)
+    if report.edge_inference is not None:
+        e = report.edge_inference
+        table.add_row("edge inference", f"AUC {e.auc:.3f}", f"{e.positives} edges vs {e.negatives} non-edges")
+    if report.membership is not None:
+        m = report.membership
+        table.add_row(f"membership ({m.attack})", f"AUC {m.auc:.3f}", f"{m.members} members vs {m.non_members} non-members")
+    scorers = (
+        ("canary audit: B's similarity", report.canaries),
+        ("canary audit: replay of the evaluation release", report.canaries_replay),
+        ("canary audit: A's noisy aggregates (white box)", report.canaries_mechanism),
+        ("canary audit: B's release sums (white box)", report.canaries_release),
+    )
+    for name, c in scorers:
+        if c is not None:
+            table.add_row(name, f"ε ≥ {c.epsilon_lower_bound:.3f}", f"{c.correct}/{c.guesses} right of m = {c.m}, confidence {c.confidence:.4g} each")
+    console.print(table)
+    for reason in report.skipped:
+        console.print(f"skipped {reason}", highlight=False)
+    console.print(report.verdict(), style="bold red" if report.bound_exceeds_accountant else None, highlight=False)
 
 
 @app.command()
@@ -752,6 +836,33 @@ def _label_privacy_command():
 
 
 bench_app.command("label-privacy")(_label_privacy_command())
+
+
+def _audit_bench_command():
+    from vesper.coordinator.audit_bench import audit_bench_command
+
+    return audit_bench_command
+
+
+bench_app.command("audit")(_audit_bench_command())
+
+
+def _utility_command():
+    from vesper.coordinator.utility_bench import utility_command
+
+    return utility_command
+
+
+bench_app.command("utility")(_utility_command())
+
+
+def _results_command():
+    from vesper.coordinator.results_report import results_command
+
+    return results_command
+
+
+bench_app.command("results")(_results_command())
 
 
 @bench_app.command("snr")
