@@ -30,6 +30,7 @@ from pydantic import BaseModel
 from rich.console import Console
 
 from vesper.common.config import RunConfig, RunSummary, set_dotted
+from vesper.coordinator.epsilon_flags import parse_epsilons
 from vesper.coordinator.worker_pool import run_cells
 
 DEFAULT_EXTRACTORS = ("pmp-gcn", "gap")
@@ -418,16 +419,6 @@ def plot_rows(rows: Sequence[AuditRow], out_dir: Path) -> list[Path]:
     return []
 
 
-def parse_epsilons(texts: Sequence[str]) -> list[float]:
-    values = []
-    for text in texts:
-        value = math.inf if text.strip().lower() in ("inf", "∞") else float(text)
-        if not value > 0:
-            raise ValueError(f"ε must be positive or 'inf', got {text!r}")
-        values.append(value)
-    return list(dict.fromkeys(values))
-
-
 def audit_bench_command(
     dataset: list[str] = typer.Option(["cora"], "--dataset", help="A bundled name or an .npz path (repeat the flag)."),
     extractor: list[str] = typer.Option(list(DEFAULT_EXTRACTORS), "--extractor", help="Extractors to audit (repeat)."),
@@ -454,10 +445,7 @@ def audit_bench_command(
     from vesper.coordinator.run_client import RunClientError
 
     console = Console()
-    try:
-        budgets = parse_epsilons(epsilon)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--epsilon") from None
+    budgets = parse_epsilons(epsilon)
     unknown = [m for m in accounting if m not in MODES]
     if unknown:
         raise typer.BadParameter(f"{', '.join(unknown)}: expected hidden-batch or visible-batch", param_hint="--accounting")

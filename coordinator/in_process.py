@@ -528,10 +528,11 @@ class InProcessCluster:
             "accountant": ACCOUNTANT_TARGET, "accountant_token_file": str(self.label_token_file),
             **self.extra_b,
         }))
-        # B's servicer opens its own client for its label ledger from its settings; without an
-        # address it opens none, and gets one over this process's channel instead
-        service_b = LabelPartyService(self.settings_b.model_copy(update={"accountant": None}))
-        service_b.accountant = self._label_ledger_client(self.settings_b)
+        # B's client for its label ledger, built from its settings as always, over this process's channel
+        service_b = LabelPartyService(
+            self.settings_b,
+            self.accountant_server.channel(self.settings_b.accountant) if self.settings_b.accountant else None,
+        )
         self.party_b_server = InProcessServer(PARTY_B_TARGET)
         label_party_pb2_grpc.add_LabelPartyServicer_to_server(service_b, self.party_b_server)
         self._servers.append(self.party_b_server)
@@ -542,22 +543,6 @@ class InProcessCluster:
             "workdir": str(self.workdir / "party_a"), "datasets": self.datasets,
             **self.extra_a,
         }))
-
-    def _label_ledger_client(self, settings: PartyBConfig) -> AccountantClient | None:
-        """B's client for its label ledger, as ``LabelPartyService._accountant_client`` makes it."""
-        if settings.accountant is None:
-            return None
-        token = None
-        if settings.accountant_token_file is not None:
-            try:
-                token = read_token(settings.accountant_token_file)
-            except TokenError as exc:
-                raise ValueError(f"party B: {exc}") from None
-        return AccountantClient(
-            settings.accountant, token, channel=self.accountant_server.channel(settings.accountant),
-            token_hint="party B has no label charge token for the accountant at {address} (set "
-            "party_b.accountant_token_file to a copy of the accountant's label charge token file)",
-        )
 
     def stop(self) -> None:
         for server in self._servers:

@@ -38,6 +38,7 @@ from rich.console import Console
 from vesper.common.config import RunConfig, RunSummary, load_config
 from vesper.common.dataset_files import DatasetError, load_label_part, resolve_dataset
 from vesper.common.splits import split_for
+from vesper.coordinator.epsilon_flags import parse_epsilons
 from vesper.coordinator.worker_pool import run_cells
 
 if TYPE_CHECKING:
@@ -672,19 +673,6 @@ def plot(rows: Sequence[LabelRow], epsilons: Sequence[float], modes: Sequence[st
 
 
 # -- the command ----------------------------------------------------------------------------------
-def _parse_epsilons(texts: Sequence[str]) -> list[float]:
-    values = []
-    for text in texts:
-        try:
-            value = float(text)
-        except ValueError:
-            raise typer.BadParameter(f"{text!r} is not a number or inf", param_hint="--label-epsilon") from None
-        if math.isnan(value) or value <= 0:
-            raise typer.BadParameter(f"{text!r}: a label ε must be > 0 (or inf)", param_hint="--label-epsilon")
-        values.append(value)
-    return list(dict.fromkeys(values))
-
-
 def _base_run(config: Path | None, extractor: str, epochs: int, edge_epsilon: float) -> RunConfig:
     data = {}
     if config is not None:
@@ -742,12 +730,12 @@ def label_privacy_command(
     from vesper.coordinator.processes import LocalCluster, ServiceStartError
     from vesper.coordinator.run_client import RunClientError, drive_run
 
-    budgets = _parse_epsilons(label_epsilon)
+    budgets = parse_epsilons(label_epsilon, "--label-epsilon", "a label ε")
     modes = list(dict.fromkeys(mode))
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         raise typer.BadParameter(f"{', '.join(unknown)}: expected rr or pate", param_hint="--mode")
-    edge = _parse_epsilons([edge_epsilon])[0]
+    edge = parse_epsilons([edge_epsilon], "--edge-epsilon")[0]
     base = _base_run(config, extractor, epochs, edge)
     try:  # the benchmark scores against the true labels, so it must read the dataset itself
         resolve_dataset(dataset)

@@ -36,6 +36,7 @@ from pydantic import BaseModel, ValidationError
 from rich.console import Console
 
 from vesper.common.config import RunConfig, load_config
+from vesper.coordinator.epsilon_flags import parse_epsilons
 from vesper.coordinator.extractor_sweep import (
     HIDDEN,
     VISIBLE,
@@ -590,19 +591,6 @@ def write_report(
 
 
 # -- the command ----------------------------------------------------------------------------------
-def parse_epsilons(texts: Sequence[str]) -> list[float]:
-    values = []
-    for text in texts:
-        try:
-            value = float(text)
-        except ValueError:
-            raise typer.BadParameter(f"{text!r} is not a number or inf", param_hint="--epsilon") from None
-        if math.isnan(value) or value <= 0:
-            raise typer.BadParameter(f"{text!r}: ε must be > 0 (or inf)", param_hint="--epsilon")
-        values.append(value)
-    return list(dict.fromkeys(values))
-
-
 def _choices(values: Sequence[str], allowed: Sequence[str], hint: str) -> list[str]:
     unknown = [v for v in values if v not in allowed]
     if unknown:

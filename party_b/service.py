@@ -80,7 +80,9 @@ def _label_ledger_errors(context: grpc.ServicerContext, doing: str) -> Iterator[
 
 
 class LabelPartyService(pb_grpc.LabelPartyServicer):
-    def __init__(self, config: PartyBConfig) -> None:
+    def __init__(self, config: PartyBConfig, accountant_channel: grpc.Channel | None = None) -> None:
+        """``accountant_channel``: a channel to the accountant instead of one B opens itself
+        (the in-process mode's, coordinator/in_process.py)."""
         self.config = config
         self.device = torch.device(config.device)
         self.receipts = ReceiptLog(config.receipt_log)
@@ -89,10 +91,10 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
         self._stores: dict[tuple[Path, int, bool], LabelStore] = {}
         self._guards: dict[str, LabelGuard] = {}
         self._lock = threading.Lock()
-        self.accountant = self._accountant_client(config)
+        self.accountant = self._accountant_client(config, accountant_channel)
 
     @staticmethod
-    def _accountant_client(config: PartyBConfig) -> AccountantClient | None:
+    def _accountant_client(config: PartyBConfig, channel: grpc.Channel | None = None) -> AccountantClient | None:
         """B's client for its own label ledger (None: B cannot offer label privacy)."""
         if config.accountant is None:
             return None
@@ -103,7 +105,7 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
             except TokenError as exc:
                 raise ValueError(f"party B: {exc}") from None
         return AccountantClient(
-            config.accountant, token,
+            config.accountant, token, channel=channel,
             token_hint="party B has no label charge token for the accountant at {address} (set "
             "party_b.accountant_token_file to a copy of the accountant's label charge token file)",
         )
