@@ -46,7 +46,7 @@ bench-label-privacy: $(STAMP)
 	$(BIN)/vesper bench label-privacy --dataset cora --seeds 3 --jobs 2 --out docs/label-privacy/cora
 
 # docs/results.md from scratch: the privacy-utility grid (VESPER's findings a-d under both
-# accounting modes) and the audit, on Cora, Tolokers and the synthetic graphs (resumable;
+# accounting modes) and the audit, on Cora and Tolokers (resumable;
 # delete docs/results/ to start over). results-quick: the small grid, under 10 minutes.
 results: $(STAMP)
 	$(BIN)/vesper bench results --jobs 2

@@ -20,7 +20,6 @@ def test_presets_cover_what_the_issue_asks() -> None:
         assert {1.0, 4.0, 16.0} <= set(plan.audit_epsilons) and math.inf in plan.audit_epsilons
         assert plan.seeds >= 2  # the findings' Welch tests need two seeds a side
     assert DEFAULT.utility_epsilons == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, math.inf]
-    assert {"synthetic-dense", "synthetic-sparse"} <= set(DEFAULT.utility_datasets)
 
 
 def test_render_puts_findings_plots_and_audit_in_one_page(tmp_path: Path) -> None:
