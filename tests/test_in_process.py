@@ -221,8 +221,14 @@ def test_ctrl_c_cancels_the_run_and_closes_it_at_the_accountant(in_process: InPr
         if event.phase == "train" and event.step == 1:
             os.kill(os.getpid(), signal.SIGINT)  # Python runs the handler in the main thread, in drive()
 
-    with pytest.raises(KeyboardInterrupt):
-        in_process.drive(_config(epochs=3), report=interrupt_once)
+    # Python installs its KeyboardInterrupt handler only where SIGINT was not ignored at start
+    # (a background job's is): install it here, as an interactive shell's Python has it
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            in_process.drive(_config(epochs=3), report=interrupt_once)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     run = in_process.accountant.list_runs()[-1]
     assert run.status == "cancelled"
     assert 1 <= run.charges < 3 * math.ceil(1354 / 256)
