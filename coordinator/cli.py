@@ -592,7 +592,8 @@ def _print_audit(report) -> None:
     )
     for name, c in scorers:
         if c is not None:
-            table.add_row(name, f"ε ≥ {c.epsilon_lower_bound:.3f}", f"{c.correct}/{c.guesses} right of m = {c.m}, confidence {c.confidence:.4g} each")
+            table.add_row(name, f"ε ≥ {c.epsilon_lower_bound:.3f}", f"{c.correct}/{c.guesses} right of m = {c.m}, confidence {c.confidence:g}"
+                          + (" (primary)" if c is report.primary_canary_audit else ""))
     console.print(table)
     for reason in report.skipped:
         console.print(f"skipped {reason}", highlight=False)

@@ -102,6 +102,17 @@ def read_rows(path: Path) -> list[TableRow]:
         ]
 
 
+def drop_superseded(path: Path, rerun: Iterable[tuple]) -> None:
+    """Keep only the newest row of each key in ``rerun`` (cells run again after a failure),
+    so a resumed benchmark does not list the same failure once per attempt."""
+    from vesper.coordinator.worker_pool import newest_only
+
+    rows = read_rows(path)
+    kept = newest_only(rows, rerun)
+    if len(kept) != len(rows):
+        _write_rows(path, kept, "w")
+
+
 def _write_rows(path: Path, rows: Iterable[TableRow], mode: str) -> None:
     with path.open(mode, newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(TableRow.model_fields))

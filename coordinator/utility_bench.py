@@ -52,7 +52,7 @@ from vesper.coordinator.extractor_sweep import (
     run_grid,
     served_cell,
 )
-from vesper.coordinator.extractor_table import RECIPES, TableRow, dataset_label, read_rows
+from vesper.coordinator.extractor_table import RECIPES, TableRow, dataset_label, drop_superseded, read_rows
 
 if TYPE_CHECKING:
     from vesper.coordinator.findings import Finding, GraphDensity
@@ -370,6 +370,7 @@ def run_utility(
     else:
         with open_drivers(options, say) as opened:
             rows = run_grid(options.base, plan, options.out, opened, say)
+    drop_superseded(options.out / "results.csv", (r.key for r in rows))
     return UtilityRun(datasets=datasets, plan=plan, rows=rows)
 
 

@@ -22,9 +22,15 @@ class _Row(Protocol):
     message: str
 
 
+class _Keyed(Protocol):
+    @property
+    def key(self) -> object: ...
+
+
 Cell = TypeVar("Cell")
 Driver = TypeVar("Driver")
 Row = TypeVar("Row", bound=_Row)
+Keyed = TypeVar("Keyed", bound=_Keyed)
 
 
 def run_cells(
@@ -66,3 +72,11 @@ def run_cells(
     if errors:
         raise errors[0]
     return rows
+
+
+def newest_only(rows: Sequence[Keyed], rerun: Iterable[object]) -> list[Keyed]:
+    """``rows`` (oldest first) with only the newest row of each key in ``rerun``: a cell run
+    again after a failure is listed once, not once per attempt."""
+    keys = set(rerun)
+    newest = {row.key: index for index, row in enumerate(rows) if row.key in keys}
+    return [row for index, row in enumerate(rows) if row.key not in keys or newest[row.key] == index]

@@ -102,3 +102,17 @@ def test_vesper_audit_names_what_is_missing(audited: Path, tmp_path: Path) -> No
         "audit", row.run_id, "--party-a-workdir", str(workdir / "party_a"), "--party-b-workdir", str(tmp_path),
     ])
     assert nothing.exit_code == 1 and "audit.record_releases" in _flat(nothing.output)
+
+
+def test_rescore_runs_the_attacks_again_without_training(audited: Path) -> None:
+    before = read_rows(audited / "results.csv")[0]
+    result = runner.invoke(app, [
+        "bench", "audit", "--dataset", "cora", "--extractor", "pmp-gcn", "--epsilon", "inf",
+        "--accounting", "visible-batch", "--epochs", "2", "--canaries", "200", "--confidence", "0.9",
+        "--rescore", "--out", str(audited),
+    ])
+    assert result.exit_code == 0, result.output
+    after = read_rows(audited / "results.csv")
+    assert len(after) == 1 and after[0].run_id == before.run_id and after[0].confidence == 0.9
+    assert after[0].edge_auc == pytest.approx(before.edge_auc)  # same record, same seed
+    assert after[0].mechanism_bound is not None and after[0].mechanism_bound >= before.mechanism_bound
