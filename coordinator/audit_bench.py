@@ -22,6 +22,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -270,10 +271,11 @@ def append_row(path: Path, row: AuditRow) -> None:
 
 def run_audit_bench(
     base: RunConfig, datasets: Sequence[str], extractors: Sequence[str], modes: Sequence[str],
-    epsilons: Sequence[float], seeds: int, out_dir: Path, drivers: Sequence[Driver], console: Console, *,
-    canaries: int = DEFAULT_CANARIES, confidence: float = 0.95, membership: bool = True,
+    epsilons: Sequence[float], seeds: int, out_dir: Path, drivers: Callable[[ExitStack], Sequence[Driver]],
+    console: Console, *, canaries: int = DEFAULT_CANARIES, confidence: float = 0.95, membership: bool = True,
 ) -> list[AuditRow]:
-    """Run every cell not yet in OUT/results.csv; return the rows of this grid."""
+    """Run every cell not yet in OUT/results.csv; return the rows of this grid. ``drivers``
+    opens one driver per job on the stack, and is called only if a cell is missing."""
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path = out_dir / "results.csv"
     done = {row.key: row for row in read_rows(csv_path) if row.status == "completed"}
@@ -281,13 +283,16 @@ def run_audit_bench(
     rows = [done[k] for c in planned if (k := (dataset_label(c[0]), *c[1:])) in done]
     missing = [c for c in planned if (dataset_label(c[0]), *c[1:]) not in done]
     console.print(f"audit: {len(planned)} cells, {len(planned) - len(missing)} already done", highlight=False)
-    ran = run_cells(
-        missing, drivers, lambda drive, cell: audit_cell(drive, base, cell, canaries, confidence, membership),
-        lambda row: append_row(csv_path, row),
-        lambda c: f"audit · {dataset_label(c[0])} · {c[1]} · {c[2]} · ε={_eps(c[3])} · seed {c[4]}", console,
-    )
-    if ran:  # a cell run again after a failure keeps only its newest row
-        write_rows(csv_path, newest_only(read_rows(csv_path), (row.key for row in ran)))
+    if not missing:
+        return rows
+    with ExitStack() as stack:
+        ran = run_cells(
+            missing, drivers(stack), lambda drive, cell: audit_cell(drive, base, cell, canaries, confidence, membership),
+            lambda row: append_row(csv_path, row),
+            lambda c: f"audit · {dataset_label(c[0])} · {c[1]} · {c[2]} · ε={_eps(c[3])} · seed {c[4]}", console,
+        )
+    # a cell run again after a failure keeps only its newest row
+    write_rows(csv_path, newest_only(read_rows(csv_path), (row.key for row in ran)))
     return rows + ran
 
 
@@ -514,8 +519,6 @@ def audit_bench_command(
     where the extractor allows it, a TFTS run (membership inference). Resumable: cells in
     OUT/results.csv are not run again. Writes OUT/results.md and OUT/attack-auc.png.
     """
-    from contextlib import ExitStack
-
     from vesper.coordinator.processes import ServiceStartError
     from vesper.coordinator.run_client import RunClientError
 
@@ -535,12 +538,11 @@ def audit_bench_command(
         if rescore:
             rows = _rescore_grid(out, dataset, extractor, accounting, budgets, seeds, confidence, console)
         else:
-            with ExitStack() as stack:
-                drivers = audited_drivers(stack, out, jobs, in_process, console)
-                rows = run_audit_bench(
-                    base, dataset, extractor, accounting, budgets, seeds, out, drivers, console,
-                    canaries=canaries, confidence=confidence, membership=membership,
-                )
+            rows = run_audit_bench(
+                base, dataset, extractor, accounting, budgets, seeds, out,
+                lambda stack: audited_drivers(stack, out, jobs, in_process, console), console,
+                canaries=canaries, confidence=confidence, membership=membership,
+            )
     except FileNotFoundError as exc:
         console.print(f"[bold red]error:[/] {exc}", highlight=False)
         raise typer.Exit(1) from None

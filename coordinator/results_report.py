@@ -89,8 +89,6 @@ def results_command(
     canary bound). Resumable: rows already in OUT's CSVs are not run again; delete OUT to
     start from scratch. See docs/utility.md and docs/audit.md.
     """
-    from contextlib import ExitStack
-
     from vesper.coordinator import audit_bench, utility_bench
     from vesper.coordinator.findings import graph_density
     from vesper.coordinator.processes import ServiceStartError
@@ -120,12 +118,12 @@ def results_command(
         utility = utility_bench.run_utility(options, console)
         found = utility_bench.write_report(utility, options)
         console.rule("audit")
-        with ExitStack() as stack:
-            drivers = audit_bench.audited_drivers(stack, audit_out, jobs, in_process, console)
-            audit_rows = audit_bench.run_audit_bench(
-                RunConfig(epochs=plan.audit_epochs), audit_datasets, AUDIT_EXTRACTORS, list(audit_bench.MODES),
-                plan.audit_epsilons, 1, audit_out, drivers, console, canaries=plan.canaries,
-            )
+        audit_rows = audit_bench.run_audit_bench(
+            RunConfig(epochs=plan.audit_epochs), audit_datasets, AUDIT_EXTRACTORS, list(audit_bench.MODES),
+            plan.audit_epsilons, 1, audit_out,
+            lambda stack: audit_bench.audited_drivers(stack, audit_out, jobs, in_process, console), console,
+            canaries=plan.canaries,
+        )
     except (ServiceStartError, RunClientError, utility_bench.SpecMismatch) as exc:
         console.print(f"[bold red]error:[/] {exc}", highlight=False)
         raise typer.Exit(1) from None
@@ -139,7 +137,7 @@ def results_command(
         command, minutes, run_minutes, options, utility_out, report.parent, findings_module.markdown(found, densities),
         audit_bench.markdown(
             audit_rows, AUDIT_EXTRACTORS, list(audit_bench.MODES), plan.audit_epsilons, 1,
-            f"vesper bench audit (as part of `{command}`)",
+            command,
             [_relative(p, report.parent) for p in audit_plots],
         ),
     )
