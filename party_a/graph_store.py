@@ -63,3 +63,13 @@ def add_edge(graph: Graph, u: int, v: int) -> Graph:
     cpu = graph.to("cpu")
     edges = torch.stack([cpu.slot_rows, cpu.indices], 1)
     return build_graph(torch.cat([edges, torch.tensor([[u, v]])]), graph.num_nodes).to(graph.device)
+
+
+def induced_subgraph(graph: Graph, nodes: torch.Tensor) -> Graph:
+    """G[nodes]: the edges with both endpoints in ``nodes``, node ids unchanged."""
+    cpu = graph.to("cpu")
+    keep = torch.zeros(graph.num_nodes, dtype=torch.bool)
+    keep[nodes.cpu()] = True
+    rows = cpu.slot_rows
+    inside = keep[rows] & keep[cpu.indices]
+    return build_graph(torch.stack([rows[inside], cpu.indices[inside]], 1), graph.num_nodes).to(graph.device)

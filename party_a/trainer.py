@@ -58,7 +58,8 @@ from vesper.party_a.extractors.base import (
 )
 from vesper.party_a.extractors.registry import lookup, validated_params
 from vesper.party_a.gradient_record import GradientRecord
-from vesper.party_a.graph_store import Graph, build_graph
+from vesper.party_a.graph_store import Graph, build_graph, induced_subgraph
+from vesper.party_a.membership_audit import check_tfts, same_charges, tfts_chunk
 from vesper.party_a.peers import (
     AccountantClient,
     BudgetRefused,
@@ -131,49 +132,6 @@ def _relation(extractor: Extractor) -> str:
     return extractor.spec.relation or default_relation(extractor.spec.privacy_unit)
 
 
-# -- TFTS membership audit (docs/audit-canaries.md): train on the subgraph, evaluate on the whole graph
-def _check_tfts(config: RunConfig, extractor: Extractor) -> None:
-    """Refuse, before anything is charged, a TFTS run whose plan would not cover its releases."""
-    name = config.extractor.name
-    if extractor.spec.cost_model not in ("per-step", "none"):
-        raise ValueError(
-            f"audit.membership (TFTS) needs a per-step extractor: {name}'s {extractor.spec.cost_model} releases "
-            "are computed once, on the training subgraph, and would have to be released again on the full "
-            "graph for the evaluation pass, a second charge the run's plan does not contain"
-        )
-    if config.label_privacy.mode == "pate":
-        raise ValueError("audit.membership (TFTS) cannot be combined with label_privacy.mode=pate")
-    if not isinstance(extractor, nn.Module):
-        raise ValueError(f"audit.membership (TFTS) copies the trained {name} to the full graph: it must be an nn.Module")
-
-
-def _induced_subgraph(graph: Graph, nodes: torch.Tensor) -> Graph:
-    """G[nodes]: the edges with both endpoints in ``nodes``, node ids unchanged."""
-    cpu = graph.to("cpu")
-    keep = torch.zeros(graph.num_nodes, dtype=torch.bool)
-    keep[nodes.cpu()] = True
-    rows = cpu.slot_rows
-    inside = keep[rows] & keep[cpu.indices]
-    return build_graph(torch.stack([rows[inside], cpu.indices[inside]], 1), graph.num_nodes).to(graph.device)
-
-
-def _tfts_chunk(roots: RootPlan, eval_chunk: int) -> int:
-    """Chunk size of the training nodes in a TFTS evaluation pass: no larger than a val/test
-    chunk, since a plan may size its evaluation sensitivity by those (VFGNN's V7)."""
-    return max(1, min(eval_chunk, max(roots.val_ids.numel(), roots.test_ids.numel())))
-
-
-def _same_charges(training: ChargePlan, evaluation: ChargePlan, name: str) -> None:
-    """The extractor on the full graph must be charged as the plan (made on the subgraph) says."""
-    fields = ("rules", "sensitivity", "one_shot_releases", "pre_train_releases", "stages", "participation_bound")
-    differ = [f for f in fields if getattr(training, f) != getattr(evaluation, f)]
-    if differ:
-        raise ValueError(
-            f"audit.membership (TFTS): {name}'s charge plan depends on the graph it reads ({', '.join(differ)} "
-            "differ between the training subgraph and the full graph), so one plan cannot cover both"
-        )
-
-
 Batches = Callable[[torch.Tensor, int, torch.Generator], list[torch.Tensor]]
 
 
@@ -228,7 +186,6 @@ class GraphPartyRun:
         self.report = report
         self.cancelled = cancelled
         self.run_id = uuid.uuid4().hex[:12]
-        self.setup_error = ""  # raised by execute, which reports it as a failed run
         # canaries: the coins now, the pairs once B has named its split (_plant_canaries)
         self.canary_coins = (
             draw_coins(config.audit.canaries, canary_generator(settings.secret_seed, config.seed))
@@ -260,11 +217,9 @@ class GraphPartyRun:
         b_ready = run_created = False
         extractor: Extractor | None = None
         try:
-            if self.setup_error:
-                raise ValueError(self.setup_error)
             extractor = self._build_extractor()
             if cfg.audit.membership:
-                _check_tfts(cfg, extractor)
+                check_tfts(cfg, extractor)
             summary = summary.model_copy(update={
                 "delta": self.delta, "privacy_unit": extractor.spec.privacy_unit,
                 "cost_model": extractor.spec.cost_model, "relation": _relation(extractor),
@@ -279,10 +234,10 @@ class GraphPartyRun:
             evaluator = extractor
             if cfg.audit.membership:
                 # TFTS: training reads only the subgraph of B's training nodes
-                extractor = self._build_extractor(_induced_subgraph(self.data.graph, roots.train_ids))
+                extractor = self._build_extractor(induced_subgraph(self.data.graph, roots.train_ids))
             plan = extractor.charge_plan(roots)
             if evaluator is not extractor:
-                _same_charges(plan, evaluator.charge_plan(roots), cfg.extractor.name)
+                same_charges(plan, evaluator.charge_plan(roots), cfg.extractor.name)
             if cfg.label_privacy.mode == "pate" and plan.stages:
                 raise ValueError(
                     f"label_privacy.mode=pate needs an extractor that A trains without B's labels, but "
@@ -494,7 +449,7 @@ class GraphPartyRun:
             teacher_ids=ids["train"] if pate else torch.empty(0, dtype=torch.int64),
         )
         if tfts:
-            train_chunks = math.ceil(train.numel() / _tfts_chunk(roots, chunk))
+            train_chunks = math.ceil(train.numel() / tfts_chunk(roots, chunk))
             roots = dataclasses.replace(roots, eval_chunks=chunks + train_chunks)
         return roots
 
@@ -720,7 +675,7 @@ class GraphPartyRun:
         parts: list[tuple[str, torch.Tensor]] = [("val", roots.val_ids), ("test", roots.test_ids)]
         if self.config.audit.membership:
             # TFTS: the members come back too, so B can query the model on them
-            size = _tfts_chunk(roots, self.config.eval_chunk)
+            size = tfts_chunk(roots, self.config.eval_chunk)
             parts = [("train", ids) for ids in roots.train_ids.split(size)] + parts
         result, _ = self._evaluation_pass(
             self.label_party.evaluation(), parts, release, extractor, first_index, "eval", "evaluating",

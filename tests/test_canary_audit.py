@@ -74,8 +74,8 @@ from vesper.party_a.canary_statistics import (
 )
 from vesper.party_a.extractors.base import ChargePlan, ExtractorSetup, RootPlan
 from vesper.party_a.extractors.pmp_plugin import MlpPlugin, PmpGcnPlugin, PmpGinPlugin
-from vesper.party_a.graph_store import Graph, build_graph
-from vesper.party_a.trainer import _check_tfts, _induced_subgraph, _same_charges
+from vesper.party_a.graph_store import Graph, build_graph, induced_subgraph
+from vesper.party_a.membership_audit import check_tfts, same_charges
 from vesper.party_b.release_record import ReceivedReleases, ReleaseRecord
 
 # -- the bound (common.privacy.one_run_audit) --------------------------------------------------
@@ -374,7 +374,7 @@ def test_noise_smaller_than_charged_is_caught() -> None:
 def test_induced_subgraph_keeps_the_edges_inside_the_nodes() -> None:
     graph = random_graph(random.Random(3), 40, 0.2)
     nodes = torch.arange(0, 40, 3)
-    sub = _induced_subgraph(graph, nodes)
+    sub = induced_subgraph(graph, nodes)
     inside = set(nodes.tolist())
     full = {(a, b) for a, b in zip(graph.slot_rows.tolist(), graph.indices.tolist())}
     kept = {(a, b) for a, b in zip(sub.slot_rows.tolist(), sub.indices.tolist())}
@@ -394,17 +394,17 @@ def test_tfts_refuses_pate_and_plans_that_depend_on_the_graph() -> None:
     graph = random_graph(random.Random(4), 30, 0.2)
     config = RunConfig.model_validate({"extractor": {"name": "pmp-gcn"}, "audit": {"membership": True}})
     extractor = _pmp_gcn(graph, config)
-    _check_tfts(config, extractor)  # a per-step extractor is fine
+    check_tfts(config, extractor)  # a per-step extractor is fine
     pate = config.model_copy(update={"label_privacy": config.label_privacy.model_copy(update={"mode": "pate"})})
     with pytest.raises(ValueError, match="pate"):
-        _check_tfts(pate, extractor)
+        check_tfts(pate, extractor)
     ids = torch.arange(30)
     roots = RootPlan(ids[:15], ids[15:22], ids[22:], 1, 2)
-    on_subgraph = _pmp_gcn(_induced_subgraph(graph, roots.train_ids), config).charge_plan(roots)
-    _same_charges(on_subgraph, extractor.charge_plan(roots), "pmp-gcn")  # PMP's charge does not read the graph
+    on_subgraph = _pmp_gcn(induced_subgraph(graph, roots.train_ids), config).charge_plan(roots)
+    same_charges(on_subgraph, extractor.charge_plan(roots), "pmp-gcn")  # PMP's charge does not read the graph
     other = ChargePlan(on_subgraph.rules, on_subgraph.sensitivity * 2)
     with pytest.raises(ValueError, match="sensitivity"):
-        _same_charges(on_subgraph, other, "x")
+        same_charges(on_subgraph, other, "x")
 
 
 # -- through the services ---------------------------------------------------------------------
