@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench-accounting bench-extractors bench-extractors-sweep bench-label-privacy results results-quick proto check-proto clean
+.PHONY: demo test test-slow bench-accounting bench-extractors bench-extractors-sweep bench-label-privacy results results-quick proto check-proto clean
 TOLOKERS ?= ../shared/data/tolokers.npz
 
 $(STAMP): pyproject.toml
@@ -21,7 +21,12 @@ demo: $(STAMP)
 	$(BIN)/vesper demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not slow"
+
+# the long drills (kill -9 and resume of each service, the install steps of the images in a
+# fresh virtual environment, two hosts in network namespaces); .ci/run runs them too
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
 
 # a benchmark command, not a timed test: calibration time and peak memory per accountant
 bench-accounting: $(STAMP)

@@ -272,6 +272,16 @@ class RunConfig(_Model):
         return self
 
 
+class TlsConfig(_Model):
+    """Mutual TLS for one service: its own certificate and key, and the CA that signed every
+    party's certificate (``vesper certs`` makes all of them). A peer without a certificate
+    from this CA is refused."""
+
+    ca_file: Path = Field(description="PEM certificate of the deployment's CA")
+    cert_file: Path = Field(description="PEM certificate of this service, signed by the CA")
+    key_file: Path = Field(description="PEM private key of this service (keep it 0600)")
+
+
 class PartyAConfig(_Model):
     listen: str = "127.0.0.1:50051"
     label_party: str = Field("127.0.0.1:50052", description="party B's gRPC address")
@@ -292,6 +302,7 @@ class PartyAConfig(_Model):
     )
     max_message_mb: int = Field(64, ge=1, le=2047)
     step_timeout_s: float = Field(120.0, gt=0)
+    tls: TlsConfig | None = Field(None, description="mutual TLS to party B, the accountant and the coordinator; unset = plaintext (loopback only)")
 
 
 class PartyBConfig(_Model):
@@ -321,6 +332,7 @@ class PartyBConfig(_Model):
         None,
         description="seed of B's label-privacy randomness; unset = fresh OS randomness. Tests only: A must never learn it.",
     )
+    tls: TlsConfig | None = Field(None, description="mutual TLS to party A and the accountant; unset = plaintext (loopback only)")
 
 
 class AccountantConfig(_Model):
@@ -335,11 +347,13 @@ class AccountantConfig(_Model):
         Path(".vesper/accountant/label-charge.token"),
         description="party B's credential for its label ledgers (privacy unit label); created (0600) if missing",
     )
+    tls: TlsConfig | None = Field(None, description="mutual TLS on gRPC, server TLS on REST; unset = plaintext (loopback only)")
 
 
 class CoordinatorConfig(_Model):
     party_a: str = "127.0.0.1:50051"
     accountant_status_url: str = "http://127.0.0.1:8080"
+    tls: TlsConfig | None = Field(None, description="mutual TLS to party A; the CA also verifies the accountant's REST")
 
 
 class VesperConfig(_Model):
