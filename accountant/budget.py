@@ -332,13 +332,29 @@ class Accountant:
             return row, False
 
     def close_run(self, run_id: str, status: str, reason: str) -> RunStatusView:
-        if status not in ("completed", "failed", "refused", "cancelled"):
+        """End an active run; "interrupted" leaves it resumable (``reopen_run``), and an
+        interrupted run may still be closed for good. A closed run stays closed."""
+        if status not in ("completed", "failed", "refused", "cancelled", "interrupted"):
             raise _invalid(f"cannot close a run as {status!r}")
         state = self._state(run_id)
         with state.lock:
-            if state.record.status == "active":
+            if state.record.status == "active" or (state.record.status == "interrupted" and status != "interrupted"):
                 state.record = state.record.model_copy(update={"status": status, "closed_at": _now(), "closed_reason": reason[:2000]})
                 self.store.update_run(state.record)
+        return self.status(run_id)
+
+    def reopen_run(self, run_id: str, reason: str) -> RunStatusView:
+        """An interrupted run takes charges again (party A resumes it); an active one is left as it is."""
+        state = self._state(run_id)
+        with state.lock:
+            status = state.record.status
+            if status == "interrupted":
+                state.record = state.record.model_copy(update={
+                    "status": "active", "closed_at": None, "closed_reason": f"reopened: {reason}"[:2000],
+                })
+                self.store.update_run(state.record)
+            elif status != "active":
+                raise AccountantError("FAILED_PRECONDITION", f"run {run_id!r} is {status}; only an interrupted run can be reopened")
         return self.status(run_id)
 
     def status(self, run_id: str) -> RunStatusView:

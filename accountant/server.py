@@ -40,21 +40,26 @@ def serve(config: AccountantConfig, ready_file: Path | None = None) -> None:
     name = accountant_pb2.DESCRIPTOR.services_by_name["Accountant"].full_name
     grpc_server, grpc_port = start_server(
         config.listen, [(accountant_pb2_grpc.add_AccountantServicer_to_server, service, name)], max_message_mb=16,
+        tls=config.tls, tls_setting="accountant.tls",
     )
     rest_socket = _bind(config.rest_listen)
     rest_host, rest_port = rest_socket.getsockname()[:2]
-    server = uvicorn.Server(uvicorn.Config(create_app(accountant), log_level="warning", access_log=False))
+    # under TLS the status is https with the accountant's certificate, and still public:
+    # no client certificate is asked for (reading a budget needs no credential)
+    https = {"ssl_certfile": str(config.tls.cert_file), "ssl_keyfile": str(config.tls.key_file)} if config.tls else {}
+    scheme = "https" if config.tls else "http"
+    server = uvicorn.Server(uvicorn.Config(create_app(accountant), log_level="warning", access_log=False, **https))
 
     def announce() -> None:
         while not server.started and not server.should_exit:
             time.sleep(0.02)
         if server.started:
             log.info(
-                "accountant: gRPC on port %d, REST on http://%s:%d, ledger %s, party A's charge token %s, "
+                "accountant: gRPC on port %d, REST on %s://%s:%d, ledger %s, party A's charge token %s, "
                 "party B's label charge token %s",
-                grpc_port, rest_host, rest_port, config.ledger, config.charge_token_file, config.label_charge_token_file,
+                grpc_port, scheme, rest_host, rest_port, config.ledger, config.charge_token_file, config.label_charge_token_file,
             )
-            write_ready_file(ready_file, grpc_port=grpc_port, rest_port=rest_port, rest_url=f"http://{rest_host}:{rest_port}")
+            write_ready_file(ready_file, grpc_port=grpc_port, rest_port=rest_port, rest_url=f"{scheme}://{rest_host}:{rest_port}")
 
     threading.Thread(target=announce, daemon=True).start()
     try:

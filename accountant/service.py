@@ -11,6 +11,9 @@ its unit (an unknown run is NOT_FOUND, once the token is one of the two). A toke
 neither is UNAUTHENTICATED; the other party's token is PERMISSION_DENIED, so neither party
 can spend, or close, the other's ledger. Calibrate, Estimate and GetRun only read, so
 either party (or any auditor) can call them without a token.
+
+Under mutual TLS (``accountant.tls``) the spending call must also come with the spending
+party's certificate (role ``party-a`` or ``party-b``, common/tls.py), else PERMISSION_DENIED.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from vesper.common.privacy.plan_messages import (
     rule_to_proto,
     rules_from_proto,
 )
+from vesper.common.tls import require_role
 from vesper.proto.v1 import accountant_pb2 as pb
 from vesper.proto.v1 import accountant_pb2_grpc as pb_grpc
 
@@ -52,6 +56,9 @@ def status_message(view: RunStatusView) -> pb.RunStatus:
 
 PARTY_A, PARTY_B = "A", "B"
 CREDENTIALS = {PARTY_A: "party A's charge token", PARTY_B: "party B's label charge token"}
+# under mutual TLS the spender must also hold that party's certificate (defence in depth:
+# a leaked token alone cannot spend); plaintext calls are checked by token only
+SPENDER_ROLES = {PARTY_A: "party-a", PARTY_B: "party-b"}
 
 
 def spender_of(privacy_unit: str) -> str:
@@ -103,6 +110,7 @@ class AccountantService(pb_grpc.AccountantServicer):
 
     def _authorize(self, context: grpc.ServicerContext, what: str, privacy_unit: str, presenter: str) -> None:
         needed = spender_of(privacy_unit)
+        require_role(context, (SPENDER_ROLES[needed],), f"{what} (privacy unit {privacy_unit or 'unset'!r})")
         if presenter != needed:
             context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
@@ -180,3 +188,7 @@ class AccountantService(pb_grpc.AccountantServicer):
         self._authorize_run(context, "closing", request.run_id)
         view = self._call(context, lambda: self.accountant.close_run(request.run_id, request.status, request.reason))
         return status_message(view)
+
+    def ReopenRun(self, request: pb.ReopenRunRequest, context: grpc.ServicerContext) -> pb.RunStatus:
+        self._authorize_run(context, "reopening", request.run_id)
+        return status_message(self._call(context, lambda: self.accountant.reopen_run(request.run_id, request.reason)))

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING
 import grpc
 import torch
 
+from vesper.common.config import TlsConfig
 from vesper.common.grpc_server import channel_options
+from vesper.common.tls import open_channel
 from vesper.proto.v1 import accountant_pb2 as acc_pb
 from vesper.proto.v1 import accountant_pb2_grpc as acc_grpc
 
@@ -34,6 +36,15 @@ def nodes_digest(node_ids: torch.Tensor) -> str:
 
 class PeerError(RuntimeError):
     """A peer failed or answered something unusable."""
+
+
+class PeerLost(PeerError):
+    """A peer stopped answering (gone, unreachable, or silent past its timeout): the run
+    is interrupted, not failed, and can be resumed from its last checkpoint."""
+
+    def __init__(self, message: str, peer: str = "party B") -> None:
+        super().__init__(message)
+        self.peer = peer
 
 
 class BudgetRefused(RuntimeError):
@@ -65,14 +76,22 @@ class AccountantClient:
         self, address: str, charge_token: str | None, timeout_s: float = 30.0, charge_retries: int = 5,
         token_hint: str = "party A has no charge token for the accountant at {address} (set "
         "party_a.accountant_token_file to a copy of the accountant's charge token file)",
-        channel: grpc.Channel | None = None,
+        channel: grpc.Channel | None = None, retry_s: float | None = None, tls: TlsConfig | None = None,
+        tls_setting: str = "party_a.tls",
     ) -> None:
+        """``retry_s``: retry the idempotent spending calls (charge, close, reopen) on transient
+        errors for this long, with backoff, instead of ``charge_retries`` times (party A
+        waits out an accountant that restarts)."""
         self.address = address
         self.token_hint = token_hint
         self.timeout_s = timeout_s
         self.charge_retries = charge_retries
+        self.retry_s = retry_s
         self._metadata = (("authorization", f"Bearer {charge_token}"),) if charge_token else ()
-        self._channel = channel if channel is not None else grpc.insecure_channel(address, options=channel_options(16))
+        # tls: this party's mutual-TLS settings (common/tls.py), configured at tls_setting; None = plaintext
+        self._channel = (
+            channel if channel is not None else open_channel(address, tls, channel_options(16), setting=tls_setting)
+        )
         self._stub = acc_grpc.AccountantStub(self._channel)
 
     def close(self) -> None:
@@ -81,17 +100,25 @@ class AccountantClient:
     def _call(self, what: str, method, request, *, spend: bool = False, retries: int = 0, timeout_s: float | None = None):
         if spend and not self._metadata:
             raise PeerError(f"cannot {what}: {self.token_hint.format(address=self.address)}")
-        for attempt in range(retries + 1):
+        deadline = time.monotonic() + self.retry_s if retries and self.retry_s is not None else None
+        attempt = 0
+        while True:
             try:
                 return method(request, timeout=timeout_s or self.timeout_s, metadata=self._metadata if spend else ())
             except grpc.RpcError as error:
                 if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                     raise BudgetRefused(error.details()) from None
-                if error.code() in self.RETRIED and attempt < retries:
-                    time.sleep(min(0.2 * 2**attempt, 5.0))
+                pause = min(0.2 * 2**attempt, 2.0 if deadline is not None else 5.0)
+                again = attempt < retries if deadline is None else time.monotonic() + pause < deadline
+                if error.code() in self.RETRIED and again:
+                    time.sleep(pause)
+                    attempt += 1
                     continue
-                raise PeerError(f"accountant at {self.address} failed to {what}: {describe_rpc_error(error)}") from None
-        raise AssertionError("unreachable")  # pragma: no cover
+                waited = f" (retried {attempt} times)" if attempt else ""
+                message = f"accountant at {self.address} failed to {what}{waited}: {describe_rpc_error(error)}"
+                if error.code() in self.RETRIED:
+                    raise PeerLost(message, peer="accountant") from None
+                raise PeerError(message) from None
 
     def calibrate(
         self, passes: list[PlannedPass], rules: list[PlanRule], target_epsilon: float, delta: float,
@@ -143,7 +170,13 @@ class AccountantClient:
         )
 
     def get_run(self, run_id: str) -> acc_pb.RunStatus:
-        return self._call(f"read run {run_id}", self._stub.GetRun, acc_pb.GetRunRequest(run_id=run_id))
+        return self._call(
+            f"read run {run_id}", self._stub.GetRun, acc_pb.GetRunRequest(run_id=run_id), retries=self.charge_retries
+        )
+
+    def reopen_run(self, run_id: str, reason: str) -> acc_pb.RunStatus:
+        request = acc_pb.ReopenRunRequest(run_id=run_id, reason=reason)
+        return self._call("reopen the run", self._stub.ReopenRun, request, spend=True, retries=self.charge_retries)
 
     def close_run(self, run_id: str, status: str, reason: str) -> acc_pb.RunStatus:
         request = acc_pb.CloseRunRequest(run_id=run_id, status=status, reason=reason)

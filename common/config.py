@@ -302,6 +302,12 @@ class PartyAConfig(_Model):
     )
     max_message_mb: int = Field(64, ge=1, le=2047)
     step_timeout_s: float = Field(120.0, gt=0)
+    checkpoint_every: int = Field(
+        100, ge=1, description="training steps between checkpoints of A and B (and one at the end of training)"
+    )
+    peer_retry_s: float = Field(
+        60.0, ge=0, description="how long A retries the accountant on transient errors, with backoff, before the run is interrupted"
+    )
     tls: TlsConfig | None = Field(None, description="mutual TLS to party B, the accountant and the coordinator; unset = plaintext (loopback only)")
 
 
@@ -391,8 +397,13 @@ class Metric(_Model):
 class RunSummary(_Model):
     """What a finished run reports; ``vesper train --json-out`` writes exactly this."""
 
+    # a summary crosses versions (party A upgraded before its coordinator): fields this
+    # version does not know are dropped, not fatal; settings (the other models) stay strict
+    model_config = ConfigDict(extra="ignore", ser_json_inf_nan="strings")
+
     run_id: str
-    status: Literal["completed", "refused", "failed", "cancelled"]
+    # interrupted: a peer was lost mid-run; `vesper train --resume RUN` continues it
+    status: Literal["completed", "refused", "failed", "cancelled", "interrupted"]
     message: str = ""
     dataset: str
     extractor: str

@@ -15,6 +15,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from vesper.common.config import TlsConfig
+from vesper.common.tls import SERVICE_CALLERS, RoleGate, server_credentials
+
 log = logging.getLogger(__name__)
 
 Registration = tuple[Callable[[object, grpc.Server], None], object, str]
@@ -27,12 +30,20 @@ def channel_options(max_message_mb: int) -> list[tuple[str, int]]:
         ("grpc.max_receive_message_length", size),
         ("grpc.keepalive_time_ms", 30_000),
         ("grpc.keepalive_timeout_ms", 10_000),
+        # a restarted peer is found within 2 s, not gRPC's default of up to 2 minutes
+        ("grpc.initial_reconnect_backoff_ms", 200),
+        ("grpc.max_reconnect_backoff_ms", 2_000),
     ]
 
 
-def start_server(listen: str, services: list[Registration], max_message_mb: int) -> tuple[grpc.Server, int]:
+def start_server(
+    listen: str, services: list[Registration], max_message_mb: int, tls: TlsConfig | None = None,
+    tls_setting: str = "tls",
+) -> tuple[grpc.Server, int]:
     """Start a server with the given (add_to_server, servicer, full service name) triples.
 
+    With ``tls`` (configured at ``tls_setting``, named in errors) it listens with mutual TLS
+    and admits each service's callers by role (common/tls.py); without, plaintext.
     Returns the server and the bound port (useful with port 0).
     """
     # clients ping every 30 s even on a silent stream (a long one-shot release); the default
@@ -41,7 +52,10 @@ def start_server(listen: str, services: list[Registration], max_message_mb: int)
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         ("grpc.http2.max_ping_strikes", 0),
     ]
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=options)
+    # the files are read before anything listens: a bad one stops the service at start
+    credentials = server_credentials(tls, tls_setting) if tls is not None else None
+    interceptors = [RoleGate(SERVICE_CALLERS)] if tls is not None else []
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=options, interceptors=interceptors)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = []
@@ -51,7 +65,7 @@ def start_server(listen: str, services: list[Registration], max_message_mb: int)
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(listen)
+    port = server.add_secure_port(listen, credentials) if credentials is not None else server.add_insecure_port(listen)
     if port == 0:
         raise OSError(f"cannot listen on {listen}")
     server.start()

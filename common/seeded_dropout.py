@@ -35,3 +35,23 @@ class SeededDropout(nn.Module):
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
+
+
+def dropout_states(module: nn.Module) -> list[torch.Tensor | None]:
+    """Where each ``SeededDropout`` in ``module`` is in its stream (None: not drawn from yet),
+    for a checkpoint; a resumed run draws the same masks as one never interrupted."""
+    return [
+        None if m._generator is None else m._generator.get_state()
+        for m in module.modules() if isinstance(m, SeededDropout)
+    ]
+
+
+def restore_dropout_states(module: nn.Module, states: list[torch.Tensor | None], device: torch.device) -> None:
+    layers = [m for m in module.modules() if isinstance(m, SeededDropout)]
+    if len(layers) != len(states):
+        raise ValueError(f"checkpoint has {len(states)} dropout states for {len(layers)} dropout layers")
+    for layer, state in zip(layers, states, strict=True):
+        layer._generator = None
+        if state is not None:
+            layer._generator = torch.Generator(device=device)
+            layer._generator.set_state(state)

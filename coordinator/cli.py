@@ -38,7 +38,8 @@ app = typer.Typer(
 console = Console()
 errors = Console(stderr=True)
 
-EXIT_CODES = {"completed": 0, "failed": 1, "refused": 3, "cancelled": 130}
+# interrupted: a peer was lost; the run can be resumed (vesper train --resume RUN)
+EXIT_CODES = {"completed": 0, "failed": 1, "refused": 3, "interrupted": 4, "cancelled": 130}
 
 
 class Service(str, Enum):
@@ -322,6 +323,13 @@ def serve(
         settings = {"party_a": PartyAConfig, "party_b": PartyBConfig, "accountant": AccountantConfig}[section]()
     if listen:
         settings = settings.model_copy(update={"listen": listen})
+    if settings.tls is not None:  # a missing or broken TLS file stops the service before it listens
+        from vesper.common.tls import TlsError, load_material
+
+        try:
+            load_material(settings.tls, f"{section}.tls")
+        except TlsError as exc:
+            _fail(str(exc))
     if service is Service.party_a:
         from vesper.party_a.service import serve as serve_party_a
 
@@ -334,6 +342,23 @@ def serve(
         from vesper.accountant.server import serve as serve_accountant
 
         serve_accountant(settings, ready_file)
+
+
+@app.command()
+def health(
+    service: Service = typer.Argument(..., help="Which service to ask."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file with the service's section (its listen address and TLS)."),
+    timeout: float = typer.Option(3.0, "--timeout", min=0.1, help="Seconds to wait for the answer."),
+) -> None:
+    """Ask a service's gRPC health check: exit 0 when it is serving, 1 otherwise (container health checks)."""
+    from vesper.coordinator.health_check import check_service
+
+    report = check_service(config, service.value, timeout)
+    if report.serving:
+        console.print(report.line(), highlight=False, markup=False)
+        return
+    errors.print(report.line(), highlight=False, markup=False, soft_wrap=True)
+    raise typer.Exit(1)
 
 
 @app.command()
@@ -369,15 +394,28 @@ def train(
     membership_audit: Optional[bool] = MembershipAuditOpt,
     record_releases: Optional[bool] = RecordReleasesOpt,
     json_out: Optional[Path] = JsonOutOpt,
+    resume: Optional[str] = typer.Option(
+        None, "--resume", metavar="RUN",
+        help="Continue an interrupted run from party A's last checkpoint, with the settings it started with "
+        "(no run options then); the accountant's ledger decides what was already released.",
+    ),
 ) -> None:
     """Train one run against running services, with a live progress bar."""
     from vesper.coordinator.run_client import RunClientError, drive_run
 
+    overrides = _overrides(**locals())
     cfg = _load(config)
-    run = _run_config(cfg, _overrides(**locals()))
+    run = None
+    if resume:
+        given = sorted(key for key, value in overrides.items() if value is not None)
+        if given:
+            _fail(f"--resume continues a run with the settings it started with; drop {', '.join(given)}")
+    else:
+        run = _run_config(cfg, overrides)
     address = party_a or (cfg.coordinator.party_a if cfg.coordinator else "127.0.0.1:50051")
+    tls = cfg.coordinator.tls if cfg.coordinator else None
     try:
-        summary = drive_run(address, run, console)
+        summary = drive_run(address, run, console, tls=tls, resume_run_id=resume)
     except RunClientError as exc:
         _fail(str(exc), 1)
     print_summaries([summary])
@@ -385,21 +423,28 @@ def train(
     raise typer.Exit(EXIT_CODES[summary.status])
 
 
-def _status_source(url: str | None, config: Path | None, ledger_file: Path | None):
+def _status_source(url: str | None, config: Path | None, ledger_file: Path | None, ca_file: Path | None = None):
     from vesper.coordinator import status_client
 
     cfg = _load(config)
     base = url or (cfg.coordinator.accountant_status_url if cfg.coordinator else "http://127.0.0.1:8080")
+    if ca_file is None and cfg.coordinator is not None and cfg.coordinator.tls is not None:
+        ca_file = cfg.coordinator.tls.ca_file
     if ledger_file is not None:
         if not ledger_file.is_file():
             _fail(f"no ledger file at {ledger_file}")
         return status_client.LedgerFile(ledger_file)
-    return base
+    return status_client.StatusEndpoint(base, ca_file)
 
 
 UrlOpt = typer.Option(None, "--url", help="The accountant's REST base URL (default: \\[coordinator].accountant_status_url).")
 StatusConfigOpt = typer.Option(None, "--config", "-c", help="TOML file with \\[coordinator].")
 LedgerOpt = typer.Option(None, "--ledger", help="Read a ledger file directly instead of the REST endpoint.")
+CaOpt = typer.Option(
+    None, "--ca",
+    help="The deployment's CA certificate (ca.pem of `vesper certs`) to verify an https status URL "
+    "(default: \\[coordinator].tls.ca_file, else the system's trust store).",
+)
 
 
 def _bounds_text(view) -> str:
@@ -454,6 +499,7 @@ def status(
     url: Optional[str] = UrlOpt,
     config: Optional[Path] = StatusConfigOpt,
     ledger_file: Optional[Path] = LedgerOpt,
+    ca_file: Optional[Path] = CaOpt,
     verify: bool = typer.Option(False, "--verify", help="Recompute ε locally from the run's ledger and compare (as `vesper ledger verify`)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write the run's ε over its releases as a PNG to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print the accountant's JSON instead of a table."),
@@ -461,7 +507,7 @@ def status(
     """Read privacy budgets from the accountant's REST status endpoint."""
     from vesper.coordinator import status_client
 
-    base = _status_source(url, config, ledger_file)
+    base = _status_source(url, config, ledger_file, ca_file)
     try:
         if run_id is None:
             if plot is not None:
@@ -516,11 +562,12 @@ def ledger_verify(
     url: Optional[str] = UrlOpt,
     config: Optional[Path] = StatusConfigOpt,
     ledger_file: Optional[Path] = LedgerOpt,
+    ca_file: Optional[Path] = CaOpt,
 ) -> None:
     """Replay the run's stored DpEvents and reproduce its reported ε exactly (exit 4 if not)."""
     from vesper.coordinator import status_client
 
-    base = _status_source(url, config, ledger_file)
+    base = _status_source(url, config, ledger_file, ca_file)
     try:
         view = status_client.run_status(base, run_id)
         result = status_client.verify(base, run_id)
@@ -912,6 +959,53 @@ def bench_snr(
                 f"{100 * b.readable:.1f} %",
             )
         console.print(table)
+
+
+@app.command()
+def certs(
+    out: Path = typer.Option(..., "--out", metavar="DIR", help="Directory for ca.pem, ca.key and ROLE.pem / ROLE.key of every role."),
+    host: Optional[list[str]] = typer.Option(
+        None, "--host", metavar="ROLE=NAME",
+        help="ROLE=NAME: a DNS name or IP address the ROLE's certificate answers to (repeat for several; a role "
+        "named here gets exactly the names given, the others localhost and 127.0.0.1). Roles: accountant, "
+        "party-a, party-b, coordinator.",
+    ),
+    role: Optional[list[str]] = typer.Option(
+        None, "--role", metavar="ROLE",
+        help="Issue only this role's certificate (repeat for several), signed by the CA already in --out: "
+        "rotates one party's certificate without a new CA.",
+    ),
+    days: int = typer.Option(365, "--days", min=1, max=3650, help="Validity of every certificate issued, in days."),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
+) -> None:
+    """Make the deployment's CA and a mutual-TLS certificate per role (docs/tls.md)."""
+    from vesper.coordinator.certs import (
+        RECIPIENTS,
+        ROLES,
+        CertificateError,
+        CertificatePlan,
+        make_certificates,
+        parse_host_options,
+    )
+
+    try:
+        unknown = [name for name in role or [] if name not in ROLES]
+        if unknown:
+            raise CertificateError(f"unknown role {unknown[0]!r}; roles are {', '.join(ROLES)}")
+        plan = CertificatePlan(roles=tuple(role or ROLES), hosts=parse_host_options(host or []), days=days)
+        issued = make_certificates(out, plan, force=force)
+    except (CertificateError, ValidationError) as exc:
+        _fail(str(exc))
+    except OSError as exc:
+        _fail(f"cannot write certificates to {out}: {exc}")
+    if issued.ca_created:
+        console.print(f"{out / 'ca.pem'}, {out / 'ca.key'}: the CA; ca.key stays here, ca.pem goes to every party", highlight=False, soft_wrap=True)
+    for name in issued.roles:
+        cert, key = issued.files_of(name)
+        console.print(
+            f"{cert}, {key}: role {name}, names {', '.join(issued.names[name])} -> {RECIPIENTS[name]}", highlight=False, soft_wrap=True
+        )
+    console.print(f"valid until {issued.not_valid_after:%Y-%m-%d %H:%M} UTC; keys are 0600", highlight=False)
 
 
 data_app = typer.Typer(help="Data sets: make synthetic graphs.", no_args_is_help=True)

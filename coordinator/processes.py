@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from vesper.common.charge_token import ensure_distinct_tokens
+from vesper.common.config import TlsConfig
+from vesper.common.tls import open_channel
 
 
 class ServiceStartError(RuntimeError):
@@ -53,6 +56,11 @@ class ServiceProcess:
     ready_file: Path
     log_path: Path
     info: dict = field(default_factory=dict)
+    # the certificate its health is asked with (any role of the deployment's CA will do)
+    tls: TlsConfig | None = None
+    # False for a service in another network namespace: its loopback is not ours, so the
+    # ready file (written once its server serves) is all we can see
+    probe: bool = True
 
     def wait_ready(self, timeout_s: float = 120.0) -> dict:
         deadline = time.monotonic() + timeout_s
@@ -63,7 +71,7 @@ class ServiceProcess:
                 )
             if self.ready_file.exists():
                 self.info = json.loads(self.ready_file.read_text())
-                if _healthy(f"127.0.0.1:{self.info['grpc_port']}"):
+                if not self.probe or _healthy(f"127.0.0.1:{self.info['grpc_port']}", self.tls):
                     return self.info
             time.sleep(0.05)
         raise ServiceStartError(f"{self.name} was not ready after {timeout_s:g} s; see {self.log_path}")
@@ -94,8 +102,8 @@ class ServiceProcess:
             self.process.wait()
 
 
-def _healthy(address: str) -> bool:
-    with grpc.insecure_channel(address) as channel:
+def _healthy(address: str, tls: TlsConfig | None = None) -> bool:
+    with open_channel(address, tls) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
         except grpc.RpcError:
@@ -103,17 +111,26 @@ def _healthy(address: str) -> bool:
     return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def start_service(kind: str, config_path: Path, workdir: Path, env: dict[str, str] | None = None) -> ServiceProcess:
+def start_service(
+    kind: str, config_path: Path, workdir: Path, env: dict[str, str] | None = None,
+    prefix: Sequence[str] = (), tls: TlsConfig | None = None,
+) -> ServiceProcess:
+    """Start ``vesper serve KIND`` as a process of its own.
+
+    ``prefix``: a command the service runs under, e.g. ``["ip", "netns", "exec", NS]`` for a
+    host of its own (its health is then not probed from here); ``tls``: a certificate of the
+    deployment to probe its health with, when the service runs with mutual TLS.
+    """
     ready = workdir / f"{kind}.ready.json"
     ready.unlink(missing_ok=True)
     log_path = workdir / "logs" / f"{kind}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "vesper.coordinator", "serve", kind, "--config", str(config_path), "--ready-file", str(ready)]
+    command = [*prefix, sys.executable, "-m", "vesper.coordinator", "serve", kind, "--config", str(config_path), "--ready-file", str(ready)]
     with log_path.open("ab") as log:
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
         )
-    return ServiceProcess(kind, process, ready, log_path)
+    return ServiceProcess(kind, process, ready, log_path, tls=tls, probe=not prefix)
 
 
 def _exit_on_sigterm() -> object:
@@ -153,8 +170,13 @@ class LocalCluster:
         party_b: dict[str, Any] | None = None,
         ledger: Path | None = None,
         datasets: dict[str, str] | None = None,
+        tls: bool = False,
     ) -> None:
+        """``tls``: every connection mutual TLS, with certificates made in ``workdir/certs``
+        (``vesper certs``; kept and reused when the cluster starts again)."""
         self.workdir = workdir
+        self.tls = tls
+        self.certs_dir = workdir / "certs"
         self.extra_a = party_a or {}
         self.extra_b = party_b or {}
         self.ledger = ledger or workdir / "ledger.sqlite"
@@ -179,8 +201,30 @@ class LocalCluster:
         finally:
             _restore_sigterm(self._previous_sigterm)
 
+    def role_tls(self, role: str) -> TlsConfig | None:
+        """The TLS settings of ``role``'s certificate in this cluster (None without TLS)."""
+        if not self.tls:
+            return None
+        return TlsConfig(
+            ca_file=self.certs_dir / "ca.pem", cert_file=self.certs_dir / f"{role}.pem",
+            key_file=self.certs_dir / f"{role}.key",
+        )
+
+    @property
+    def coordinator_tls(self) -> TlsConfig | None:
+        """What a client of this cluster presents: the coordinator's certificate (or None)."""
+        return self.role_tls("coordinator")
+
+    def _tls_section(self, role: str) -> dict[str, str] | None:
+        tls = self.role_tls(role)
+        return None if tls is None else {key: str(path) for key, path in tls.model_dump().items()}
+
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.tls and not (self.certs_dir / "ca.pem").exists():
+            from vesper.coordinator.certs import make_certificates
+
+            make_certificates(self.certs_dir)
         configs = self.workdir / "config"
         configs.mkdir(exist_ok=True)
         # party B needs the accountant's address (its own label ledger) before either has
@@ -194,16 +238,18 @@ class LocalCluster:
                 "listen": accountant_address, "rest_listen": "127.0.0.1:0", "ledger": str(self.ledger),
                 "charge_token_file": str(self.charge_token_file),
                 "label_charge_token_file": str(self.label_token_file),
+                "tls": self._tls_section("accountant"),
             })
             write_section(configs / "party_b.toml", "party_b", {
                 "listen": "127.0.0.1:0", "workdir": str(self.workdir / "party_b"),
                 "datasets": self.datasets,
                 "accountant": accountant_address,
                 "accountant_token_file": str(self.label_token_file),
+                "tls": self._tls_section("party-b"),
                 **self.extra_b,
             })
-            accountant = start_service("accountant", configs / "accountant.toml", self.workdir)
-            party_b = start_service("party-b", configs / "party_b.toml", self.workdir)
+            accountant = start_service("accountant", configs / "accountant.toml", self.workdir, tls=self.coordinator_tls)
+            party_b = start_service("party-b", configs / "party_b.toml", self.workdir, tls=self.coordinator_tls)
             self.services = {"accountant": accountant, "party-b": party_b}
             accountant.wait_ready()
             party_b.wait_ready()
@@ -217,9 +263,10 @@ class LocalCluster:
             "accountant_token_file": str(self.charge_token_file),
             "workdir": str(self.workdir / "party_a"),
             "datasets": self.datasets,
+            "tls": self._tls_section("party-a"),
             **self.extra_a,
         })
-        party_a = start_service("party-a", configs / "party_a.toml", self.workdir)
+        party_a = start_service("party-a", configs / "party_a.toml", self.workdir, tls=self.coordinator_tls)
         self.services["party-a"] = party_a
         party_a.wait_ready()
 
@@ -227,6 +274,23 @@ class LocalCluster:
         for name in ("party-a", "party-b", "accountant"):
             if name in self.services:
                 self.services[name].stop()
+
+    def restart(self, name: str) -> ServiceProcess:
+        """Start ``name`` (party-a, party-b or accountant) again, after a kill, on the ports
+        it had: its peers reconnect to the same addresses (the fault drills)."""
+        old = self.services[name]
+        old.kill()
+        section = name.replace("-", "_")
+        path = self.workdir / "config" / f"{section}.toml"
+        values = tomllib.loads(path.read_text())[section]
+        values["listen"] = f"127.0.0.1:{old.info['grpc_port']}"
+        if "rest_port" in old.info:
+            values["rest_listen"] = f"127.0.0.1:{old.info['rest_port']}"
+        write_section(path, section, values)
+        service = start_service(name, path, self.workdir, tls=self.coordinator_tls)
+        self.services[name] = service
+        service.wait_ready()
+        return service
 
     @property
     def party_a_address(self) -> str:

@@ -14,8 +14,9 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from vesper.common.config import RunConfig, RunSummary
+from vesper.common.config import RunConfig, RunSummary, TlsConfig
 from vesper.common.grpc_server import channel_options
+from vesper.common.tls import TlsError, open_channel
 from vesper.proto.v1 import graph_party_pb2 as pb
 from vesper.proto.v1 import graph_party_pb2_grpc as pb_grpc
 
@@ -36,10 +37,22 @@ def format_epsilon(value: float | None) -> str:
     return f"{math.ceil(value * scale) / scale:.4g}"
 
 
-def drive_run(party_a: str, config: RunConfig, console: Console) -> RunSummary:
-    """Start ``config`` at party A and follow it to its summary."""
-    request = pb.StartRunRequest(run_config_json=config.model_dump_json())
-    budget = format_epsilon(config.privacy.epsilon)
+def drive_run(
+    party_a: str, config: RunConfig | None, console: Console, tls: TlsConfig | None = None,
+    resume_run_id: str | None = None,
+) -> RunSummary:
+    """Start ``config`` at party A and follow it to its summary; or, with ``resume_run_id``
+    (and no config), continue that interrupted run from A's last checkpoint.
+
+    ``tls``: the coordinator's mutual-TLS settings (``[coordinator].tls``); None = plaintext.
+    """
+    if resume_run_id:
+        request = pb.StartRunRequest(resume_run_id=resume_run_id)
+        budget, title = "budget", f"resuming {resume_run_id}"
+    else:
+        request = pb.StartRunRequest(run_config_json=config.model_dump_json())
+        budget, title = format_epsilon(config.privacy.epsilon), f"{config.extractor.name} on {config.dataset}"
+    run_id = resume_run_id or ""
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -48,18 +61,23 @@ def drive_run(party_a: str, config: RunConfig, console: Console) -> RunSummary:
         TextColumn("ε {task.fields[eps]} / " + budget),
         TimeElapsedColumn(),
     )
-    with grpc.insecure_channel(party_a, options=channel_options(16)) as channel:
+    try:
+        channel = open_channel(party_a, tls, channel_options(16), setting="coordinator.tls")
+    except TlsError as exc:
+        raise RunClientError(str(exc)) from None
+    with channel:
         call = pb_grpc.GraphPartyStub(channel).StartRun(request)
         try:
             with Progress(*columns, console=console, transient=False) as progress:
-                task = progress.add_task(f"{config.extractor.name} on {config.dataset}", total=None, loss="-", eps="0")
+                task = progress.add_task(title, total=None, loss="-", eps="0")
                 for event in call:
                     if event.HasField("summary_json"):
                         summary = RunSummary.model_validate_json(event.summary_json)
                         progress.update(task, description=summary.status, eps=format_epsilon(summary.epsilon_spent))
                         return summary
                     p = event.progress
-                    if p.phase == "train":
+                    run_id = p.run_id or run_id
+                    if p.phase == "train" and p.total_steps:
                         progress.update(
                             task, total=p.total_steps, completed=p.step, loss=f"{p.loss:.4f}",
                             eps=format_epsilon(p.epsilon_spent), description=f"{p.message or 'epoch'} {p.epoch}/{p.epochs}",
@@ -71,6 +89,11 @@ def drive_run(party_a: str, config: RunConfig, console: Console) -> RunSummary:
             raise
         except grpc.RpcError as error:
             if error.code() == grpc.StatusCode.UNAVAILABLE:
+                if run_id:
+                    raise RunClientError(
+                        f"lost party A at {party_a} during run {run_id} ({error.details()}); once party A is "
+                        f"back: vesper train --resume {run_id}"
+                    ) from None
                 raise RunClientError(f"cannot reach party A at {party_a}: {error.details()}") from None
             raise RunClientError(f"party A refused the run: {error.code().name}: {error.details()}") from None
     raise RunClientError("party A ended the run without a summary")

@@ -5,6 +5,8 @@ Both sources give the same views; ``verify`` recomputes ε from the ledger alone
 
 from __future__ import annotations
 
+import ssl
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -29,14 +31,40 @@ class LedgerFile:
         return str(self.path)
 
 
-Source = str | LedgerFile
+@dataclass(frozen=True)
+class StatusEndpoint:
+    """The accountant's REST status. An https URL is verified against ``ca_file`` (the
+    deployment's CA, ``ca.pem`` of ``vesper certs``) when given, else the system's trust
+    store; reading needs no client certificate."""
+
+    url: str
+    ca_file: Path | None = None
+
+    def __str__(self) -> str:
+        return self.url
+
+    def verify(self) -> ssl.SSLContext | bool:
+        if self.ca_file is None:
+            return True
+        try:
+            return ssl.create_default_context(cafile=str(self.ca_file))
+        except (OSError, ssl.SSLError) as exc:
+            raise StatusError(f"cannot use {self.ca_file} as the CA certificate of {self.url}: {exc}") from None
 
 
-def _get(url: str) -> httpx.Response:
+Source = str | StatusEndpoint | LedgerFile
+
+
+def _get(source: str | StatusEndpoint, path: str) -> httpx.Response:
+    endpoint = source if isinstance(source, StatusEndpoint) else StatusEndpoint(source)
+    url = f"{endpoint.url.rstrip('/')}{path}"
     try:
-        response = httpx.get(url, timeout=10)
+        response = httpx.get(url, timeout=10, verify=endpoint.verify())
     except httpx.HTTPError as exc:
-        raise StatusError(f"cannot read {url}: {exc}") from None
+        hint = ""
+        if "CERTIFICATE_VERIFY_FAILED" in str(exc) and endpoint.ca_file is None:
+            hint = " (a deployment's own CA: give its ca.pem with --ca, or set coordinator.tls.ca_file)"
+        raise StatusError(f"cannot read {url}: {exc}{hint}") from None
     if response.status_code == 404:
         raise StatusError(response.json().get("detail", f"not found: {url}"))
     if response.status_code != 200:
@@ -54,13 +82,13 @@ def _local(call):
 def list_runs(source: Source) -> list[RunStatusView]:
     if isinstance(source, LedgerFile):
         return source.accountant.list_runs()
-    return [RunStatusView.model_validate(item) for item in _get(f"{source.rstrip('/')}/v1/runs").json()]
+    return [RunStatusView.model_validate(item) for item in _get(source, "/v1/runs").json()]
 
 
 def run_status(source: Source, run_id: str) -> RunStatusView:
     if isinstance(source, LedgerFile):
         return _local(lambda: source.accountant.status(run_id))
-    return RunStatusView.model_validate_json(_get(f"{source.rstrip('/')}/v1/runs/{run_id}").content)
+    return RunStatusView.model_validate_json(_get(source, f"/v1/runs/{run_id}").content)
 
 
 def ledger(source: Source, run_id: str) -> LedgerView:
@@ -68,7 +96,7 @@ def ledger(source: Source, run_id: str) -> LedgerView:
         _local(lambda: source.accountant.status(run_id))
         store = source.accountant.store
         return LedgerView(run=store.get_run(run_id), rows=store.charges(run_id))
-    return LedgerView.model_validate_json(_get(f"{source.rstrip('/')}/v1/runs/{run_id}/ledger").content)
+    return LedgerView.model_validate_json(_get(source, f"/v1/runs/{run_id}/ledger").content)
 
 
 def verify(source: Source, run_id: str) -> ReplayResult:

@@ -13,12 +13,16 @@ from collections.abc import Iterator
 
 import grpc
 
-from vesper.common.accountant_client import AccountantClient, BudgetRefused, PeerError, describe_rpc_error
+from vesper.common.accountant_client import AccountantClient, BudgetRefused, PeerError, PeerLost, describe_rpc_error
+from vesper.common.config import TlsConfig
 from vesper.common.grpc_server import channel_options
+from vesper.common.tls import open_channel
 from vesper.proto.v1 import label_party_pb2 as lp_pb
 from vesper.proto.v1 import label_party_pb2_grpc as lp_grpc
 
-__all__ = ["AccountantClient", "BudgetRefused", "EvaluationStream", "LabelPartyClient", "PeerError", "TrainingStream"]
+__all__ = [
+    "AccountantClient", "BudgetRefused", "EvaluationStream", "LabelPartyClient", "PeerError", "PeerLost", "TrainingStream",
+]
 
 
 class _Outbox:
@@ -59,7 +63,7 @@ class TrainingStream:
         try:
             for reply in self._call:
                 self._replies.put(reply)
-            self._replies.put(PeerError(f"party B at {self.address} closed the training stream"))
+            self._replies.put(PeerLost(f"party B at {self.address} closed the training stream"))
         except grpc.RpcError as error:
             self._replies.put(error)
 
@@ -69,12 +73,12 @@ class TrainingStream:
             reply = self._replies.get(timeout=self.timeout_s)
         except queue.Empty:
             self._call.cancel()
-            raise PeerError(
+            raise PeerLost(
                 f"party B at {self.address} did not answer step {request.step} within {self.timeout_s:g} s"
             ) from None
         if isinstance(reply, grpc.RpcError):
-            if reply.code() == grpc.StatusCode.UNAVAILABLE:
-                raise PeerError(
+            if reply.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                raise PeerLost(
                     f"party B at {self.address} vanished during step {request.step} ({describe_rpc_error(reply)})"
                 )
             raise PeerError(f"party B at {self.address} rejected step {request.step}: {describe_rpc_error(reply)}")
@@ -111,9 +115,12 @@ class EvaluationStream:
             return self._future.result(timeout=self.timeout_s)
         except grpc.FutureTimeoutError:
             self._future.cancel()
-            raise PeerError(f"party B at {self.address} did not finish {self.what} within {self.timeout_s:g} s") from None
+            raise PeerLost(f"party B at {self.address} did not finish {self.what} within {self.timeout_s:g} s") from None
         except grpc.RpcError as error:
-            raise PeerError(f"party B at {self.address} failed {self.what}: {describe_rpc_error(error)}") from None
+            lost = error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+            raise (PeerLost if lost else PeerError)(
+                f"party B at {self.address} failed {self.what}: {describe_rpc_error(error)}"
+            ) from None
 
     def cancel(self) -> None:
         self._requests.close()
@@ -129,12 +136,13 @@ class LabelPartyClient:
     """
 
     def __init__(
-        self, address: str, max_message_mb: int, timeout_s: float, channel: grpc.Channel | None = None
+        self, address: str, max_message_mb: int, timeout_s: float, channel: grpc.Channel | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.address = address
         self.timeout_s = timeout_s
         if channel is None:
-            channel = grpc.insecure_channel(address, options=channel_options(max_message_mb))
+            channel = open_channel(address, tls, channel_options(max_message_mb), setting="party_a.tls")
         self._channel = channel
         self._stub = lp_grpc.LabelPartyStub(self._channel)
 
@@ -145,7 +153,10 @@ class LabelPartyClient:
         try:
             return self._stub.SetupRun(request, timeout=self.timeout_s)
         except grpc.RpcError as error:
-            raise PeerError(f"party B at {self.address} refused the run set-up: {describe_rpc_error(error)}") from None
+            lost = error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+            raise (PeerLost if lost else PeerError)(
+                f"party B at {self.address} refused the run set-up: {describe_rpc_error(error)}"
+            ) from None
 
     def training(self) -> TrainingStream:
         return TrainingStream(self._stub, self.address, self.timeout_s)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,18 +23,21 @@ from vesper.common.config import PartyAConfig, RunConfig
 from vesper.common.dataset_files import DatasetError, resolve_dataset
 from vesper.common.grpc_server import start_server, wait_for_signal, write_ready_file
 from vesper.party_a.peers import AccountantClient, LabelPartyClient
+from vesper.party_a.run_checkpoint import ResumeError, RunFiles, check_resumable
 from vesper.party_a.trainer import GraphData, GraphPartyRun, ProgressEvent
 from vesper.proto.v1 import graph_party_pb2 as pb
 from vesper.proto.v1 import graph_party_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
+RUN_ID = re.compile(r"^[0-9a-f]{12}$")
 
-def _progress_message(event: ProgressEvent) -> pb.RunEvent:
+
+def _progress_message(event: ProgressEvent, run_id: str) -> pb.RunEvent:
     return pb.RunEvent(progress=pb.Progress(
         phase=event.phase, epoch=event.epoch, epochs=event.epochs, step=event.step,
         total_steps=event.total_steps, loss=event.loss, epsilon_spent=event.epsilon_spent,
-        message=event.message,
+        message=event.message, run_id=run_id,
     ))
 
 
@@ -52,11 +56,32 @@ class GraphPartyService(pb_grpc.GraphPartyServicer):
                 self._data[key] = GraphData.load(path, self.device)
             return self._data[key]
 
-    def StartRun(self, request: pb.StartRunRequest, context: grpc.ServicerContext) -> Iterator[pb.RunEvent]:
+    def _resume_record(self, run_id: str, context: grpc.ServicerContext) -> tuple[RunConfig, dict]:
+        """The run's settings and resume record from A's own disk (party_a.run_checkpoint)."""
+        if not RUN_ID.match(run_id):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"run id {run_id!r} must match {RUN_ID.pattern}")
         try:
-            config = RunConfig.model_validate_json(request.run_config_json)
-        except ValidationError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid run configuration: {exc}")
+            record = RunFiles(self.settings.workdir / "runs" / run_id).load_start()
+            config = RunConfig.model_validate(record["config"])
+            check_resumable(config)
+        except (ResumeError, ValidationError) as exc:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"cannot resume run {run_id}: {exc}")
+        return config, record
+
+    def StartRun(self, request: pb.StartRunRequest, context: grpc.ServicerContext) -> Iterator[pb.RunEvent]:
+        resume = None
+        if request.resume_run_id:
+            if request.run_config_json:
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "a resumed run takes its settings from party A's record of it, not from the request",
+                )
+            config, resume = self._resume_record(request.resume_run_id, context)
+        else:
+            try:
+                config = RunConfig.model_validate_json(request.run_config_json)
+            except ValidationError as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid run configuration: {exc}")
         try:
             data = self._load(resolve_dataset(config.dataset, self.settings.datasets))
         except DatasetError as exc:
@@ -65,17 +90,21 @@ class GraphPartyService(pb_grpc.GraphPartyServicer):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"party A cannot load {config.dataset!r}: {exc}")
 
         events: queue.Queue = queue.Queue()
-        label_party = LabelPartyClient(self.settings.label_party, self.settings.max_message_mb, self.settings.step_timeout_s)
+        label_party = LabelPartyClient(
+            self.settings.label_party, self.settings.max_message_mb, self.settings.step_timeout_s, tls=self.settings.tls
+        )
         token = None
         if self.settings.accountant_token_file is not None:
             try:
                 token = read_token(self.settings.accountant_token_file)
             except TokenError as exc:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"party A: {exc}")
-        accountant = AccountantClient(self.settings.accountant, token)
+        accountant = AccountantClient(
+            self.settings.accountant, token, tls=self.settings.tls, retry_s=self.settings.peer_retry_s
+        )
         run = GraphPartyRun(
             config, self.settings, data, label_party, accountant,
-            report=events.put, cancelled=lambda: not context.is_active(),
+            report=events.put, cancelled=lambda: not context.is_active(), resume=resume,
         )
 
         def work() -> None:
@@ -94,7 +123,7 @@ class GraphPartyService(pb_grpc.GraphPartyServicer):
         while True:
             event = events.get()
             if isinstance(event, ProgressEvent):
-                yield _progress_message(event)
+                yield _progress_message(event, run.run_id)
             elif isinstance(event, Exception):
                 context.abort(grpc.StatusCode.INTERNAL, f"run {run.run_id} crashed in party A: {event!r}")
             else:
@@ -107,7 +136,7 @@ def serve(settings: PartyAConfig, ready_file: Path | None = None) -> None:
     name = pb.DESCRIPTOR.services_by_name["GraphParty"].full_name
     server, port = start_server(
         settings.listen, [(pb_grpc.add_GraphPartyServicer_to_server, GraphPartyService(settings), name)],
-        settings.max_message_mb,
+        settings.max_message_mb, tls=settings.tls, tls_setting="party_a.tls",
     )
     log.info("party A serving on port %d (device %s); party B at %s, accountant at %s",
              port, settings.device, settings.label_party, settings.accountant)

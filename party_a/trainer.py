@@ -36,6 +36,7 @@ from vesper.common.optim import build_optimizer
 from vesper.common.privacy.events import event_to_json
 from vesper.common.privacy.ledger import ChargeRule, PlanRule
 from vesper.common.secret_randomness import secret_base
+from vesper.common.seeded_dropout import dropout_states, restore_dropout_states
 from vesper.common.wire import (
     WireError,
     decode_tensor,
@@ -66,8 +67,11 @@ from vesper.party_a.peers import (
     EvaluationStream,
     LabelPartyClient,
     PeerError,
+    PeerLost,
 )
+from vesper.party_a.run_checkpoint import Checkpoint, Position, ReleaseJournal, ResumeError, RunFiles
 from vesper.proto.v1 import label_party_pb2 as lp_pb
+from vesper.proto.v1 import tensor_pb2
 
 
 @dataclass(frozen=True)
@@ -176,7 +180,9 @@ class GraphPartyRun:
         accountant: AccountantClient,
         report: Callable[[ProgressEvent], None] = lambda event: None,
         cancelled: Callable[[], bool] = lambda: False,
+        resume: dict | None = None,
     ) -> None:
+        """``resume``: the run's resume record (party_a.run_checkpoint), to continue it."""
         self.config = config
         self.settings = settings
         self.data = data
@@ -185,7 +191,8 @@ class GraphPartyRun:
         self.accountant = accountant
         self.report = report
         self.cancelled = cancelled
-        self.run_id = uuid.uuid4().hex[:12]
+        self.resume = resume
+        self.run_id = resume["run_id"] if resume else uuid.uuid4().hex[:12]
         # canaries: the coins now, the pairs once B has named its split (_plant_canaries)
         self.canary_coins = (
             draw_coins(config.audit.canaries, canary_generator(settings.secret_seed, config.seed))
@@ -201,8 +208,18 @@ class GraphPartyRun:
         self.steps_done = 0
         self.status_url = f"{settings.accountant_status_url.rstrip('/')}/v1/runs/{self.run_id}"
         self.sampling_generator, self.noise_generator = _secret_generators(settings, config.seed, self.device)
+        if resume:
+            self.delta = resume["delta"]
+            self.sampling_generator.set_state(resume["sampling"])
+            self.noise_generator.set_state(resume["noise"])
+        # as they stand before anything is drawn: a resumed run replays from here
+        self.initial_generators = (self.sampling_generator.get_state(), self.noise_generator.get_state())
         self.gradients: GradientRecord | None = None
         self.label_ledger_id = ""
+        self.files = RunFiles(self._run_dir())
+        self.journal: ReleaseJournal = self.files.journal()
+        self.charges = 0  # ledger rows of this run so far
+        self.checkpoint: Checkpoint | None = self.files.latest_checkpoint() if resume else None
 
     # -- the run -------------------------------------------------------------------------------
     def execute(self) -> RunSummary:
@@ -214,8 +231,9 @@ class GraphPartyRun:
             epsilon_spent=0.0, delta=self.delta, status_url=self.status_url,
             label_privacy=cfg.label_privacy.mode,
         )
-        b_ready = run_created = False
+        b_ready = run_created = lost_accountant = False
         extractor: Extractor | None = None
+        resuming = self.resume is not None
         try:
             extractor = self._build_extractor()
             if cfg.audit.membership:
@@ -224,7 +242,8 @@ class GraphPartyRun:
                 "delta": self.delta, "privacy_unit": extractor.spec.privacy_unit,
                 "cost_model": extractor.spec.cost_model, "relation": _relation(extractor),
             })
-            reply = self._setup_label_party(self.run_id, extractor.output_layers)
+            resume_step = self.checkpoint.position.step if self.checkpoint else 0
+            reply = self._setup_label_party(self.run_id, extractor.output_layers, resume_step)
             b_ready = True
             summary = self._with_labels(summary, reply)
             roots = self._plan(reply)
@@ -244,7 +263,8 @@ class GraphPartyRun:
                     f"{cfg.extractor.name} trains stage(s) {', '.join(s.name for s in plan.stages)} with them; "
                     "use e.g. relational, or relational-gap with encoder_epochs=0"
                 )
-            release = self._release(roots, plan, overrides_root_batches(extractor))
+            # a resumed run charges as it was calibrated, not as a new calibration might say
+            release = self.resume["release"] if resuming else self._release(roots, plan, overrides_root_batches(extractor))
             extractor.bind(release.noise_multiplier)
             if evaluator is not extractor:
                 evaluator.bind(release.noise_multiplier)
@@ -257,9 +277,17 @@ class GraphPartyRun:
                 "sensitivity_form": release.details.get("sensitivity_form", ""),
                 "one_shot_releases": plan.one_shot_releases, "pre_train_releases": plan.pre_train_releases,
             })
-            self._create_run(roots, plan, release, reply.split, extractor)
-            run_created = True
-            self._check_plan_fits(roots, plan, release)
+            if resuming:
+                self._reopen_run()
+                run_created = True
+            else:
+                self._create_run(roots, plan, release, reply.split, extractor)
+                run_created = True
+                self._save_resume_record(release)
+                self._check_plan_fits(roots, plan, release)
+            # a resumed run replays the preparation: its releases are recomputed from the same
+            # generators, charged again under their keys (the ledger recognises them) and checked
+            # against the journal before any is re-sent
             extractor.prepare(_Preparation(self, roots, release))
             eval_index = 0
             if cfg.label_privacy.mode == "pate":
@@ -269,7 +297,8 @@ class GraphPartyRun:
             optimizer = build_optimizer(cfg.optimizer, parameters) if parameters else None
             if cfg.record_gradients:
                 self.gradients = GradientRecord(cfg.epochs, reply.num_classes)
-            self._train(roots, release, extractor, optimizer)
+            start = self._restore(extractor, optimizer) if self.checkpoint else None
+            self._train(roots, release, extractor, optimizer, start)
             if self.gradients is not None:
                 self.gradients.save(self._run_dir() / "gradients.npz")
             if evaluator is not extractor:
@@ -288,11 +317,21 @@ class GraphPartyRun:
             summary = summary.model_copy(update={"status": "refused", "message": f"refused by the accountant: {exc}"})
         except Cancelled:
             summary = summary.model_copy(update={"status": "cancelled", "message": "cancelled by the coordinator"})
+        except PeerLost as exc:
+            if not run_created:
+                summary = summary.model_copy(update={"status": "failed", "message": str(exc)})
+            else:
+                done = f"step {self.checkpoint.position.step}" if self.checkpoint else "the start (no checkpoint yet)"
+                summary = summary.model_copy(update={"status": "interrupted", "message": (
+                    f"{exc}. Run {self.run_id} is interrupted after {self.steps_done} steps; its last checkpoint is "
+                    f"at {done}. Once the {exc.peer} is back: vesper train --resume {self.run_id}"
+                )})
+                lost_accountant = exc.peer == "accountant"
         except (PeerError, ValueError) as exc:
             summary = summary.model_copy(update={"status": "failed", "message": str(exc)})
         finally:
             status = summary.status
-            if run_created:
+            if run_created and not lost_accountant:
                 try:
                     closed = self.accountant.close_run(self.run_id, status, summary.message)
                     self.epsilon_spent = closed.epsilon_spent
@@ -358,7 +397,7 @@ class GraphPartyRun:
         )
         return cls(setup)
 
-    def _setup_label_party(self, session_id: str, layers: int) -> lp_pb.SetupRunReply:
+    def _setup_label_party(self, session_id: str, layers: int, resume_step: int = 0) -> lp_pb.SetupRunReply:
         cfg = self.config
         self.report(ProgressEvent("setup", message=f"setting up {session_id} with party B"))
         request = lp_pb.SetupRunRequest(
@@ -379,6 +418,8 @@ class GraphPartyRun:
             label_run_id=self.run_id,
             record_releases=cfg.audit.record_releases and session_id == self.run_id,
             membership_audit=cfg.audit.membership and session_id == self.run_id,
+            resume=self.resume is not None,
+            resume_step=resume_step,
         )
         return self.label_party.setup(request)
 
@@ -551,41 +592,62 @@ class GraphPartyRun:
             release.event_json(kind),
         )
         self.epsilon_spent = receipt.epsilon_spent
+        self.charges = max(self.charges, receipt.seq + 1)
 
     def _charged_release(
         self, make: Callable[[torch.Tensor], torch.Tensor], roots: torch.Tensor, release: Release,
         pass_id: str, kind: str, index: int,
-    ) -> torch.Tensor:
-        """The only way A makes a tensor for B: the extractor's release, then the charge.
-        The caller sends it only after this returns."""
+    ) -> tuple[torch.Tensor, tensor_pb2.Tensor]:
+        """The only way A makes a tensor for B: the extractor's release, the charge, and the
+        journal entry (or, replayed on resume, the check against it). The caller sends the
+        wire message only after this returns."""
         embeddings = make(roots.to(self.device))
         self.charge(roots, release, pass_id, kind, index)
-        return embeddings
+        message = encode_tensor(embeddings, self.config.wire_dtype)
+        self.journal.before_send(f"{pass_id}/{index}", message)
+        return embeddings, message
 
     def _train_epochs(
         self, session_id: str, roots: RootPlan, release: Release, make: Callable[[torch.Tensor], torch.Tensor],
         optimizer: torch.optim.Optimizer | None, epochs: int, layers: int, pass_prefix: str, label: str,
         batches: Batches = shuffled_batches, record: GradientRecord | None = None,
+        start: Position | None = None, checkpoint: Callable[[Position], None] | None = None,
     ) -> None:
-        """``epochs`` passes over the train roots on B's session ``session_id``."""
+        """``epochs`` passes over the train roots on B's session ``session_id``, from ``start``
+        (a checkpoint's position) if given; ``checkpoint`` is called (and B asked to save)
+        every ``checkpoint_every`` steps and after the last."""
         cfg = self.config
         root_order = torch.Generator().manual_seed(cfg.seed)
         total = roots.steps_per_epoch * epochs
         shape_tail = (cfg.extractor.dim, layers)
+        step, first_epoch = 0, 0
+        if start is not None:
+            root_order.set_state(start.root_order)
+            step, first_epoch = start.step, start.epoch
         stream = self.label_party.training()
-        step = 0
         try:
-            for epoch in range(epochs):
-                index = 0
-                for batch in batches(roots.train_ids, cfg.batch_size, root_order):
+            for epoch in range(first_epoch, epochs):
+                if start is not None and epoch == start.epoch:
+                    epoch_batches, first = start.batches, start.batch
+                else:
+                    epoch_batches, first = batches(roots.train_ids, cfg.batch_size, root_order), 0
+                drawn = root_order.get_state()
+                last = max((i for i, b in enumerate(epoch_batches) if b.numel()), default=-1)
+                index = sum(1 for b in epoch_batches[:first] if b.numel())  # the release's index in its pass
+                for position in range(first, len(epoch_batches)):
+                    batch = epoch_batches[position]
                     if batch.numel() == 0:
                         continue
                     if self.cancelled():
                         raise Cancelled()
-                    embeddings = self._charged_release(make, batch, release, f"{pass_prefix}-{epoch}", "train", index)
+                    save = checkpoint is not None and (
+                        (step + 1) % self.settings.checkpoint_every == 0 or (epoch == epochs - 1 and position == last)
+                    )
+                    embeddings, message = self._charged_release(
+                        make, batch, release, f"{pass_prefix}-{epoch}", "train", index
+                    )
                     reply = stream.exchange(lp_pb.TrainStep(
-                        run_id=session_id, step=step, node_ids=batch.tolist(),
-                        embeddings=encode_tensor(embeddings, cfg.wire_dtype),
+                        run_id=session_id, step=step, node_ids=batch.tolist(), embeddings=message, checkpoint=save,
                     ))
                     gradient = self._check_reply(reply, session_id, step, (batch.numel(), *shape_tail))
                     if record is not None:
@@ -597,6 +659,8 @@ class GraphPartyRun:
                     step += 1
                     index += 1
                     self.steps_done += 1
+                    if save:
+                        checkpoint(Position(step, epoch, position + 1, epoch_batches, drawn))
                     self.report(ProgressEvent(
                         "train", epoch + 1, epochs, step, total, reply.loss, self.epsilon_spent, label,
                     ))
@@ -609,7 +673,7 @@ class GraphPartyRun:
     ) -> None:
         """An extractor's edge-free stage, trained with B in a session of its own."""
         session_id = f"{self.run_id}.{stage.name}"
-        self._setup_label_party(session_id, stage.layers)
+        self._setup_label_party(session_id, stage.layers)  # on resume: replayed from its start
         status, reason = "failed", "stage did not finish"
         try:
             optimizer = build_optimizer(self.config.optimizer, parameters) if parameters else None
@@ -621,7 +685,10 @@ class GraphPartyRun:
         finally:
             self.label_party.finish(session_id, status, reason)
 
-    def _train(self, roots: RootPlan, release: Release, extractor: Extractor, optimizer: torch.optim.Optimizer | None) -> None:
+    def _train(
+        self, roots: RootPlan, release: Release, extractor: Extractor, optimizer: torch.optim.Optimizer | None,
+        start: Position | None = None,
+    ) -> None:
         if not roots.train_ids.numel():
             self.report(ProgressEvent("train", message="no training roots (no query was answered): nothing to train"))
             return
@@ -630,7 +697,63 @@ class GraphPartyRun:
             self.run_id, roots, release, lambda batch: extractor.release(batch, "train"), optimizer,
             self.config.epochs, extractor.output_layers, "train", "",
             getattr(extractor, "root_batches", shuffled_batches), self.gradients,
+            start, lambda position: self._save_checkpoint(position, extractor, optimizer),
         )
+
+    # -- checkpoints and resuming (party_a.run_checkpoint, docs/faults.md) ----------------------
+    def _save_resume_record(self, release: Release) -> None:
+        """Once the run exists at the accountant: what a resumed run needs to replay it."""
+        sampling, noise = self.initial_generators
+        self.files.save_start({
+            "run_id": self.run_id, "config": self.config.model_dump(mode="json"), "delta": self.delta,
+            "release": release, "sampling": sampling, "noise": noise,
+        })
+
+    def _save_checkpoint(self, position: Position, extractor: Extractor, optimizer: torch.optim.Optimizer | None) -> None:
+        self.checkpoint = Checkpoint(
+            position=position, extractor=extractor.state_dict(),
+            optimizer=None if optimizer is None else optimizer.state_dict(),
+            sampling=self.sampling_generator.get_state(), noise=self.noise_generator.get_state(),
+            dropout=dropout_states(extractor) if isinstance(extractor, nn.Module) else [],
+            charges=self.charges, epsilon_spent=self.epsilon_spent, steps_done=self.steps_done,
+        )
+        self.files.save_checkpoint(self.checkpoint)
+
+    def _restore(self, extractor: Extractor, optimizer: torch.optim.Optimizer | None) -> Position:
+        """The checkpoint's state, over a run replayed up to the end of its preparation."""
+        saved = self.checkpoint
+        extractor.load_state_dict(saved.extractor)
+        if optimizer is not None and saved.optimizer is not None:
+            optimizer.load_state_dict(saved.optimizer)
+        self.sampling_generator.set_state(saved.sampling)
+        self.noise_generator.set_state(saved.noise)
+        if isinstance(extractor, nn.Module):
+            restore_dropout_states(extractor, saved.dropout, self.device)
+        self.steps_done = saved.steps_done
+        self.report(ProgressEvent(
+            "train", message=f"resumed from the checkpoint after step {saved.position.step}",
+            epsilon_spent=self.epsilon_spent,
+        ))
+        return saved.position
+
+    def _reopen_run(self) -> None:
+        """The ledger decides: the run must still be open at the accountant, and hold every
+        charge A's checkpoint counted (otherwise charges were lost and nothing is resumed)."""
+        status = self.accountant.get_run(self.run_id)
+        if status.status not in ("active", "interrupted"):
+            raise ResumeError(f"run {self.run_id} is {status.status} at the accountant; only an interrupted run resumes")
+        needed = self.checkpoint.charges if self.checkpoint else 0
+        if status.charges < needed:
+            raise ResumeError(
+                f"the accountant's ledger holds {status.charges} charges of run {self.run_id}, but party A's checkpoint "
+                f"after step {self.checkpoint.position.step} was taken after {needed}: charges were lost; not resuming"
+            )
+        if status.status == "interrupted":
+            self.accountant.reopen_run(self.run_id, "resumed by party A")
+        self.epsilon_spent = status.epsilon_spent
+        self.report(ProgressEvent("setup", message=(
+            f"resuming run {self.run_id}: the ledger holds {status.charges} charges, ε spent {status.epsilon_spent:.4g}"
+        ), epsilon_spent=self.epsilon_spent))
 
     def _check_reply(self, reply: lp_pb.TrainStepReply, session_id: str, step: int, shape: tuple[int, ...]) -> torch.Tensor:
         if reply.run_id != session_id or reply.step != step:
@@ -696,13 +819,12 @@ class GraphPartyRun:
                     if self.cancelled():
                         raise Cancelled()
                     self.report(ProgressEvent(phase, message=f"{label} ({split})", epsilon_spent=self.epsilon_spent))
-                    embeddings = self._charged_release(
+                    _, message = self._charged_release(
                         lambda nodes: extractor.release(nodes, "eval"), chunk, release, "eval-0", "eval", index
                     )
                     index += 1
                     stream.send(lp_pb.EvalChunk(
-                        run_id=self.run_id, eval_id=0, split=split, node_ids=chunk.tolist(),
-                        embeddings=encode_tensor(embeddings, self.config.wire_dtype),
+                        run_id=self.run_id, eval_id=0, split=split, node_ids=chunk.tolist(), embeddings=message,
                     ))
             return stream.result(), index
         except BaseException:

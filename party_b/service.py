@@ -105,7 +105,7 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
             except TokenError as exc:
                 raise ValueError(f"party B: {exc}") from None
         return AccountantClient(
-            config.accountant, token, channel=channel,
+            config.accountant, token, channel=channel, tls=config.tls, tls_setting="party_b.tls",
             token_hint="party B has no label charge token for the accountant at {address} (set "
             "party_b.accountant_token_file to a copy of the accountant's label charge token file)",
         )
@@ -128,6 +128,9 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
             expected_dtype=session.wire_dtype, max_elements=self.max_elements,
         )
         return ids, tensor
+
+    def _run_dir(self, run_id: str) -> Path:
+        return self.config.workdir / "runs" / run_id
 
     def _store(self, path: Path, split_seed: int, label_independent: bool) -> LabelStore:
         key = (path.resolve(), split_seed, label_independent)
@@ -204,7 +207,11 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
         except (WireError, ValidationError) as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad run set-up: {exc}")
         settings = self._label_privacy(request, context)
+        if request.resume and settings.mode != "none":
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "a run with label privacy cannot be resumed")
         with self._lock:
+            if request.resume:
+                self._sessions.pop(request.run_id, None)  # A resumes: what B still holds is stale
             if request.run_id in self._sessions:
                 context.abort(grpc.StatusCode.ALREADY_EXISTS, f"run {request.run_id!r} is already set up")
         try:
@@ -224,6 +231,11 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
         if request.membership_audit:
             # TFTS: the training nodes come back in the evaluation pass, for the membership attack
             session.split_masks["train"] = node_mask(torch.from_numpy(store.split.train), store.num_nodes)
+        if request.resume_step:
+            try:
+                session.restore_checkpoint(self._run_dir(request.run_id), request.resume_step)
+            except FileNotFoundError as exc:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         with self._lock:
             if request.run_id in self._sessions:
                 context.abort(grpc.StatusCode.ALREADY_EXISTS, f"run {request.run_id!r} is already set up")
@@ -292,6 +304,8 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
             if session.record is not None:
                 session.record.add_training(ids, embeddings)
             gradient, loss = session.train_step(ids, embeddings)
+            if request.checkpoint:
+                session.save_checkpoint(self._run_dir(session.run_id))
             return pb.TrainStepReply(
                 run_id=session.run_id,
                 step=request.step,
@@ -419,7 +433,7 @@ def serve(config: PartyBConfig, ready_file: Path | None = None) -> None:
     name = pb.DESCRIPTOR.services_by_name["LabelParty"].full_name
     server, port = start_server(
         config.listen, [(pb_grpc.add_LabelPartyServicer_to_server, LabelPartyService(config), name)],
-        config.max_message_mb,
+        config.max_message_mb, tls=config.tls, tls_setting="party_b.tls",
     )
     log.info("party B serving on port %d (device %s)", port, config.device)
     write_ready_file(ready_file, grpc_port=port)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,12 +13,20 @@ import torch.nn.functional as F
 
 from vesper.common.config import DecoderConfig, LabelPrivacyConfig, OptimizerConfig
 from vesper.common.optim import build_optimizer
+from vesper.common.seeded_dropout import dropout_states, restore_dropout_states
 from vesper.common.wire import WireDType, node_mask
 from vesper.party_b.decoders import build_decoder
 from vesper.party_b.label_data import LabelStore
 from vesper.party_b.label_guard import LabelGuard
 from vesper.party_b.metrics import compute_metric
 from vesper.party_b.release_record import ReleaseRecord
+
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)\.pt$")
+
+
+def checkpoint_steps(directory: Path) -> list[int]:
+    matches = (_CHECKPOINT.match(path.name) for path in directory.glob("checkpoint-*.pt"))
+    return sorted(int(m.group(1)) for m in matches if m)
 
 
 @dataclass
@@ -97,6 +107,37 @@ class LabelSession:
     def logits(self, embeddings: torch.Tensor) -> torch.Tensor:
         self.decoder.eval()
         return self.decoder(embeddings.to(self.device))
+
+    # -- checkpoints (docs/faults.md): B's half of a resumable run ----------------------------
+    def save_checkpoint(self, directory: Path, keep: int = 2) -> None:
+        """After ``next_step`` steps: decoder, optimiser and dropout stream, written atomically;
+        the newest ``keep`` are kept (A's newest is one of them: A saves after B answers)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"checkpoint-{self.next_step}.pt"
+        tmp = path.with_name(path.name + ".tmp")
+        with tmp.open("wb") as handle:
+            torch.save({
+                "step": self.next_step, "decoder": self.decoder.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "dropout": dropout_states(self.decoder),
+            }, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        tmp.replace(path)
+        for old in checkpoint_steps(directory)[:-keep]:
+            (directory / f"checkpoint-{old}.pt").unlink(missing_ok=True)
+
+    def restore_checkpoint(self, directory: Path, step: int) -> None:
+        path = directory / f"checkpoint-{step}.pt"
+        if not path.exists():
+            held = ", ".join(map(str, checkpoint_steps(directory))) or "none"
+            raise FileNotFoundError(
+                f"party B has no checkpoint of run {self.run_id} after step {step} (it holds: {held})"
+            )
+        saved = torch.load(path, map_location=self.device, weights_only=False)
+        self.decoder.load_state_dict(saved["decoder"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        restore_dropout_states(self.decoder, saved["dropout"], self.device)
+        self.next_step = saved["step"]
 
     def save(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)

@@ -165,6 +165,31 @@ def test_unknown_runs_closed_runs_and_missing_rules(accountant: Accountant) -> N
     assert _error(lambda: _create(accountant)).code == "ALREADY_EXISTS"
 
 
+def test_an_interrupted_run_takes_no_new_charge_until_reopened_and_survives_a_restart(accountant: Accountant, tmp_path) -> None:
+    _create(accountant)
+    first, _ = _charge(accountant, "train-0/0")
+    accountant.close_run("run1", "interrupted", "party B vanished")
+    assert _error(lambda: _charge(accountant, "train-0/1")).code == "FAILED_PRECONDITION"
+    # a replay of a charge already made is recognised even now (a resumed run re-charges from its checkpoint)
+    again, replayed = _charge(accountant, "train-0/0")
+    assert replayed and again.seq == first.seq
+    restarted = Accountant(LedgerStore(tmp_path / "ledger.sqlite"))  # the same file as the fixture's
+    assert restarted.status("run1").status == "interrupted"
+    assert restarted.reopen_run("run1", "resumed").status == "active"
+    row, replayed = _charge(restarted, "train-0/1")
+    assert not replayed and row.seq == first.seq + 1
+    restarted.close_run("run1", "completed", "done")
+    assert _error(lambda: restarted.reopen_run("run1", "again")).code == "FAILED_PRECONDITION"
+    assert restarted.status("run1").status == "completed"
+
+
+def test_an_interrupted_run_can_still_be_closed_for_good(accountant: Accountant) -> None:
+    _create(accountant)
+    accountant.close_run("run1", "interrupted", "lost")
+    assert accountant.close_run("run1", "failed", "abandoned").status == "failed"
+    assert accountant.close_run("run1", "interrupted", "late").status == "failed"
+
+
 def test_mode_accountant_budget_and_rules_are_validated_at_creation(accountant: Accountant) -> None:
     def create(**kw):
         return lambda: _create(accountant, run_id="r", **kw)

@@ -1,5 +1,6 @@
 """Configuration rules and the two dataset layouts."""
 
+import json
 import math
 from pathlib import Path
 
@@ -122,3 +123,14 @@ def test_bad_dataset_names_and_files(tmp_path: Path) -> None:
 def test_example_deployment_configs_are_valid(name: str) -> None:
     config = load_config(Path(__file__).resolve().parents[1] / "deploy" / name)
     assert any(getattr(config, section) is not None for section in ("party_a", "party_b", "accountant"))
+
+
+def test_a_run_summary_from_a_newer_party_a_keeps_what_this_coordinator_knows() -> None:
+    from vesper.common.config import RunSummary
+
+    fields = {"run_id": "r", "status": "interrupted", "dataset": "cora", "extractor": "pmp-gcn", "decoder": "gru",
+              "accounting": "visible-batch", "epsilon_budget": 4.0, "epsilon_spent": 1.5, "delta": 1e-5}
+    summary = RunSummary.model_validate_json(json.dumps({**fields, "a_field_of_a_later_version": 1}))
+    assert summary.status == "interrupted" and summary.epsilon_spent == 1.5
+    with pytest.raises(ValidationError):
+        RunSummary.model_validate({**fields, "status": "half-done"})

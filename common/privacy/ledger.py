@@ -38,7 +38,8 @@ from vesper.common.privacy.accounting import epsilon_of
 from vesper.common.privacy.events import EventError, check_mixture, event_from_json
 from vesper.common.privacy.theorem21 import hidden_batch_bound6_epsilon
 
-RunState = Literal["active", "completed", "failed", "refused", "cancelled"]
+# interrupted: a peer vanished mid-run; party A may reopen it and resume from its checkpoint
+RunState = Literal["active", "interrupted", "completed", "failed", "refused", "cancelled"]
 Kind = Literal["train", "eval", "one-shot", "pre-train"]
 AccountingMode = Literal["visible-batch", "hidden-batch", "labels"]
 AccountantName = Literal["pld", "rdp"]

@@ -180,6 +180,14 @@ class CloseRunRequest(_message.Message):
     reason: str
     def __init__(self, run_id: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class ReopenRunRequest(_message.Message):
+    __slots__ = ("run_id", "reason")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    reason: str
+    def __init__(self, run_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class RunStatus(_message.Message):
     __slots__ = ("run_id", "status", "epsilon_budget", "epsilon_spent", "delta", "accounting", "assumption", "charges", "counted_charges", "accountant", "epsilon_events", "epsilon_bound6")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]

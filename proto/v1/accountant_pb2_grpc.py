@@ -64,6 +64,11 @@ class AccountantStub:
                 request_serializer=vesper_dot_proto_dot_v1_dot_accountant__pb2.CloseRunRequest.SerializeToString,
                 response_deserializer=vesper_dot_proto_dot_v1_dot_accountant__pb2.RunStatus.FromString,
                 _registered_method=True)
+        self.ReopenRun = channel.unary_unary(
+                '/vesper.v1.Accountant/ReopenRun',
+                request_serializer=vesper_dot_proto_dot_v1_dot_accountant__pb2.ReopenRunRequest.SerializeToString,
+                response_deserializer=vesper_dot_proto_dot_v1_dot_accountant__pb2.RunStatus.FromString,
+                _registered_method=True)
 
 
 class AccountantServicer:
@@ -110,6 +115,13 @@ class AccountantServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReopenRun(self, request, context):
+        """An interrupted run (CloseRun with status "interrupted") takes charges again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AccountantServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -141,6 +153,11 @@ def add_AccountantServicer_to_server(servicer, server):
             'CloseRun': grpc.unary_unary_rpc_method_handler(
                     servicer.CloseRun,
                     request_deserializer=vesper_dot_proto_dot_v1_dot_accountant__pb2.CloseRunRequest.FromString,
+                    response_serializer=vesper_dot_proto_dot_v1_dot_accountant__pb2.RunStatus.SerializeToString,
+            ),
+            'ReopenRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReopenRun,
+                    request_deserializer=vesper_dot_proto_dot_v1_dot_accountant__pb2.ReopenRunRequest.FromString,
                     response_serializer=vesper_dot_proto_dot_v1_dot_accountant__pb2.RunStatus.SerializeToString,
             ),
     }
@@ -305,6 +322,33 @@ class Accountant:
             target,
             '/vesper.v1.Accountant/CloseRun',
             vesper_dot_proto_dot_v1_dot_accountant__pb2.CloseRunRequest.SerializeToString,
+            vesper_dot_proto_dot_v1_dot_accountant__pb2.RunStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReopenRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vesper.v1.Accountant/ReopenRun',
+            vesper_dot_proto_dot_v1_dot_accountant__pb2.ReopenRunRequest.SerializeToString,
             vesper_dot_proto_dot_v1_dot_accountant__pb2.RunStatus.FromString,
             options,
             channel_credentials,

@@ -6,13 +6,15 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class StartRunRequest(_message.Message):
-    __slots__ = ("run_config_json",)
+    __slots__ = ("run_config_json", "resume_run_id")
     RUN_CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    RESUME_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     run_config_json: str
-    def __init__(self, run_config_json: _Optional[str] = ...) -> None: ...
+    resume_run_id: str
+    def __init__(self, run_config_json: _Optional[str] = ..., resume_run_id: _Optional[str] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("phase", "epoch", "epochs", "step", "total_steps", "loss", "epsilon_spent", "message")
+    __slots__ = ("phase", "epoch", "epochs", "step", "total_steps", "loss", "epsilon_spent", "message", "run_id")
     PHASE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     EPOCHS_FIELD_NUMBER: _ClassVar[int]
@@ -21,6 +23,7 @@ class Progress(_message.Message):
     LOSS_FIELD_NUMBER: _ClassVar[int]
     EPSILON_SPENT_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     phase: str
     epoch: int
     epochs: int
@@ -29,7 +32,8 @@ class Progress(_message.Message):
     loss: float
     epsilon_spent: float
     message: str
-    def __init__(self, phase: _Optional[str] = ..., epoch: _Optional[int] = ..., epochs: _Optional[int] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., loss: _Optional[float] = ..., epsilon_spent: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...
+    run_id: str
+    def __init__(self, phase: _Optional[str] = ..., epoch: _Optional[int] = ..., epochs: _Optional[int] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., loss: _Optional[float] = ..., epsilon_spent: _Optional[float] = ..., message: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class RunEvent(_message.Message):
     __slots__ = ("progress", "summary_json")

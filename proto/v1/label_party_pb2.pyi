@@ -40,7 +40,7 @@ class Budget(_message.Message):
     def __init__(self, epsilon: _Optional[float] = ..., delta: _Optional[float] = ..., accounting: _Optional[str] = ..., status_url: _Optional[str] = ...) -> None: ...
 
 class SetupRunRequest(_message.Message):
-    __slots__ = ("run_id", "dataset", "decoder", "optimizer", "seed", "budget", "embedding_dim", "num_layers", "wire_dtype", "split_seed", "label_privacy_json", "label_run_id", "record_releases", "membership_audit")
+    __slots__ = ("run_id", "dataset", "decoder", "optimizer", "seed", "budget", "embedding_dim", "num_layers", "wire_dtype", "split_seed", "label_privacy_json", "label_run_id", "record_releases", "membership_audit", "resume", "resume_step")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     DECODER_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,8 @@ class SetupRunRequest(_message.Message):
     LABEL_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     RECORD_RELEASES_FIELD_NUMBER: _ClassVar[int]
     MEMBERSHIP_AUDIT_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
+    RESUME_STEP_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     dataset: str
     decoder: DecoderSpec
@@ -69,7 +71,9 @@ class SetupRunRequest(_message.Message):
     label_run_id: str
     record_releases: bool
     membership_audit: bool
-    def __init__(self, run_id: _Optional[str] = ..., dataset: _Optional[str] = ..., decoder: _Optional[_Union[DecoderSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., seed: _Optional[int] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., embedding_dim: _Optional[int] = ..., num_layers: _Optional[int] = ..., wire_dtype: _Optional[_Union[_tensor_pb2.DType, str]] = ..., split_seed: _Optional[int] = ..., label_privacy_json: _Optional[str] = ..., label_run_id: _Optional[str] = ..., record_releases: _Optional[bool] = ..., membership_audit: _Optional[bool] = ...) -> None: ...
+    resume: bool
+    resume_step: int
+    def __init__(self, run_id: _Optional[str] = ..., dataset: _Optional[str] = ..., decoder: _Optional[_Union[DecoderSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., seed: _Optional[int] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., embedding_dim: _Optional[int] = ..., num_layers: _Optional[int] = ..., wire_dtype: _Optional[_Union[_tensor_pb2.DType, str]] = ..., split_seed: _Optional[int] = ..., label_privacy_json: _Optional[str] = ..., label_run_id: _Optional[str] = ..., record_releases: _Optional[bool] = ..., membership_audit: _Optional[bool] = ..., resume: _Optional[bool] = ..., resume_step: _Optional[int] = ...) -> None: ...
 
 class SetupRunReply(_message.Message):
     __slots__ = ("train_ids", "val_ids", "test_ids", "num_classes", "metric", "split", "num_nodes", "label_ledger_id", "label_epsilon_spent", "label_epsilon_budget", "label_delta", "query_ids", "label_note")
@@ -102,16 +106,18 @@ class SetupRunReply(_message.Message):
     def __init__(self, train_ids: _Optional[_Iterable[int]] = ..., val_ids: _Optional[_Iterable[int]] = ..., test_ids: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ..., metric: _Optional[str] = ..., split: _Optional[str] = ..., num_nodes: _Optional[int] = ..., label_ledger_id: _Optional[str] = ..., label_epsilon_spent: _Optional[float] = ..., label_epsilon_budget: _Optional[float] = ..., label_delta: _Optional[float] = ..., query_ids: _Optional[_Iterable[int]] = ..., label_note: _Optional[str] = ...) -> None: ...
 
 class TrainStep(_message.Message):
-    __slots__ = ("run_id", "step", "node_ids", "embeddings")
+    __slots__ = ("run_id", "step", "node_ids", "embeddings", "checkpoint")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     NODE_IDS_FIELD_NUMBER: _ClassVar[int]
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     step: int
     node_ids: _containers.RepeatedScalarFieldContainer[int]
     embeddings: _tensor_pb2.Tensor
-    def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., node_ids: _Optional[_Iterable[int]] = ..., embeddings: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
+    checkpoint: bool
+    def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., node_ids: _Optional[_Iterable[int]] = ..., embeddings: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., checkpoint: _Optional[bool] = ...) -> None: ...
 
 class TrainStepReply(_message.Message):
     __slots__ = ("run_id", "step", "gradient", "loss")

@@ -1,0 +1,559 @@
+"""The container deployment (docs/deployment.md): docker-compose.yml, deploy/*.Dockerfile,
+deploy/*.toml and `vesper health`.
+
+No docker engine runs here, so the images are never built: the compose file and the
+Dockerfiles are checked for structure and for agreement with the configs they mount, and
+(marker slow) the one install script every Dockerfile RUNs is run in a fresh virtual
+environment, whose `vesper` then serves and answers its health check.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from vesper.common.charge_token import ensure_distinct_tokens
+from vesper.common.config import VesperConfig, load_config
+from vesper.coordinator.processes import start_service, write_section
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES = {"accountant": "accountant", "party-b": "party_b", "party-a": "party_a"}  # compose name -> config section
+KEY_OWNER = {"accountant": "accountant", "party-b": "party-b", "party-a": "party-a", "coordinator": "coordinator"}
+TORCH_SPEC = "torch==2.13.0"
+IMAGE_UID = 10001
+
+
+# -- reading the compose file -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Mount:
+    source: str  # a named volume, or a host path relative to the compose file
+    target: PurePosixPath
+    read_only: bool
+
+    @property
+    def is_named_volume(self) -> bool:
+        return not self.source.startswith((".", "/"))
+
+    @property
+    def host_path(self) -> Path:
+        return (ROOT / self.source).resolve()
+
+
+def mounts(service: str) -> list[Mount]:
+    found = []
+    for entry in COMPOSE["services"][service].get("volumes", []):
+        if isinstance(entry, str):
+            source, target, *mode = entry.split(":")
+            found.append(Mount(source, PurePosixPath(target), bool(mode) and "ro" in mode[0].split(",")))
+        else:
+            found.append(Mount(entry["source"], PurePosixPath(entry["target"]), bool(entry.get("read_only"))))
+    return found
+
+
+def mount_of(service: str, path: PurePosixPath | Path | str) -> Mount | None:
+    """The mount that holds ``path`` in ``service``'s container (the deepest one)."""
+    path = PurePosixPath(str(path))
+    holding = [m for m in mounts(service) if path == m.target or m.target in path.parents]
+    return max(holding, key=lambda m: len(m.target.parts), default=None)
+
+
+def config_mount(service: str) -> Mount:
+    """The service's TOML file: what its health check reads (the coordinator has one TOML file)."""
+    if "healthcheck" not in COMPOSE["services"][service]:
+        (toml,) = [m for m in mounts(service) if m.target.suffix == ".toml"]
+        return toml
+    test = COMPOSE["services"][service]["healthcheck"]["test"]
+    target = PurePosixPath(test[test.index("--config") + 1])
+    mount = mount_of(service, target)
+    assert mount is not None and mount.target == target, f"{service}: health check reads {target}, which is not mounted"
+    return mount
+
+
+def config_of(service: str) -> VesperConfig:
+    return load_config(config_mount(service).host_path)
+
+
+def port_of(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+def container_ports(service: str) -> set[int]:
+    ports = set()
+    for entry in COMPOSE["services"][service].get("ports", []):
+        ports.add(int(str(entry).split(":")[-1].split("/")[0]))
+    return ports
+
+
+def listen_ports(service: str) -> set[int]:
+    settings = getattr(config_of(service), SERVICES[service])
+    ports = {port_of(settings.listen)}
+    if service == "accountant":
+        ports.add(port_of(settings.rest_listen))
+    return ports
+
+
+# -- compose ------------------------------------------------------------------------------------
+def test_compose_builds_the_three_services_from_dockerfiles_in_deploy() -> None:
+    assert set(SERVICES) <= set(COMPOSE["services"])
+    for service in SERVICES:
+        build = COMPOSE["services"][service]["build"]
+        assert build["context"] == ".", f"{service}: the build context must be the repository root"
+        dockerfile = ROOT / build["dockerfile"]
+        assert dockerfile.is_file() and dockerfile.parent == DEPLOY, f"{service}: {dockerfile} is not in deploy/"
+    built = {COMPOSE["services"][s]["image"] for s in SERVICES}
+    coordinator = COMPOSE["services"]["coordinator"]
+    assert "build" not in coordinator and coordinator["image"] in built, "the coordinator reuses a built image"
+    assert coordinator["profiles"] == ["tools"], "`docker compose up` must not start the one-off coordinator"
+
+
+def test_every_service_runs_as_the_images_unprivileged_user_and_restarts() -> None:
+    for name, service in COMPOSE["services"].items():
+        user = str(service.get("user", ""))
+        uid = user.split(":")[0]
+        assert uid.isdigit() and int(uid) != 0, f"{name}: user {user!r} must be a numeric non-root uid"
+        assert int(uid) == IMAGE_UID, f"{name}: user {user!r} is not the images' uid {IMAGE_UID} (the volumes belong to it)"
+        assert service.get("restart") in {"unless-stopped", "always", "on-failure", "no"}
+    for name in SERVICES:
+        assert COMPOSE["services"][name]["restart"] == "unless-stopped", f"{name} must come back after a crash"
+
+
+def test_health_checks_ask_vesper_health_with_the_mounted_config() -> None:
+    for service in SERVICES:
+        check = COMPOSE["services"][service]["healthcheck"]
+        test = check["test"]
+        assert test[0] == "CMD" and test[1:3] == ["vesper", "health"], f"{service}: {test}"
+        assert test[-1] == service, f"{service}: the health check asks {test[-1]}"
+        mount = config_mount(service)
+        assert mount.read_only and mount.host_path.is_file(), f"{service}: {mount.source} must exist and be mounted :ro"
+        assert mount.host_path.parent == DEPLOY
+        for key in ("interval", "timeout", "retries", "start_period"):
+            assert key in check, f"{service}: healthcheck.{key} is missing"
+
+
+def test_services_start_after_the_services_they_call_are_healthy() -> None:
+    needs = {"accountant": set(), "party-b": {"accountant"}, "party-a": {"accountant", "party-b"}, "coordinator": {"party-a"}}
+    for service, wanted in needs.items():
+        depends = COMPOSE["services"][service].get("depends_on", {})
+        assert set(depends) == wanted, f"{service} depends on {sorted(depends)}, expected {sorted(wanted)}"
+        for peer, condition in depends.items():
+            assert condition == {"condition": "service_healthy"}, f"{service} -> {peer}: {condition}"
+
+
+def test_named_volumes_are_declared_and_used() -> None:
+    used = {m.source for service in COMPOSE["services"] for m in mounts(service) if m.is_named_volume}
+    declared = set(COMPOSE.get("volumes") or {})
+    assert used == declared, f"used but not declared: {used - declared}; declared but unused: {declared - used}"
+    assert {"accountant-ledger", "party-a-workdir", "party-b-workdir", "platform-data", "bank-data"} <= declared
+
+
+def test_host_files_are_mounted_read_only_and_exist_or_are_made_by_the_documented_commands() -> None:
+    for service in COMPOSE["services"]:
+        for mount in mounts(service):
+            if mount.is_named_volume:
+                continue
+            assert mount.read_only, f"{service}: {mount.source} is a host file mounted writable"
+            relative = mount.host_path.relative_to(DEPLOY)  # every host file lives in deploy/
+            if relative.parts[0] == "secrets":
+                # made on the host by `vesper certs --out deploy/secrets/tls` and deploy/make-tokens.sh
+                kind, name = relative.parts[1:]
+                if kind == "tls":
+                    assert re.fullmatch(r"ca\.pem|(accountant|party-a|party-b|coordinator)\.(pem|key)", name), name
+                else:
+                    assert kind == "tokens" and name in {"charge.token", "label-charge.token"}, relative
+            else:
+                assert mount.host_path.is_file(), f"{service}: {mount.source} does not exist"
+
+
+def test_each_container_gets_only_its_own_key_and_token() -> None:
+    for service, owner in KEY_OWNER.items():
+        names = {mount.host_path.name for mount in mounts(service) if not mount.is_named_volume}
+        keys = {name for name in names if name.endswith(".key")}
+        assert keys == {f"{owner}.key"}, f"{service} gets keys {sorted(keys)}"
+        assert "ca.key" not in names
+        tokens = {name for name in names if name.endswith(".token")}
+        expected = {
+            "accountant": {"charge.token", "label-charge.token"},  # it verifies both
+            "party-a": {"charge.token"},
+            "party-b": {"label-charge.token"},
+            "coordinator": set(),
+        }[service]
+        assert tokens == expected, f"{service} gets tokens {sorted(tokens)}, expected {sorted(expected)}"
+
+
+def test_published_ports_are_the_listen_ports() -> None:
+    for service in SERVICES:
+        published, listening = container_ports(service), listen_ports(service)
+        assert published == listening, f"{service} publishes {sorted(published)} but listens on {sorted(listening)}"
+        assert all(p != 0 for p in listen_ports(service)), f"{service}: a container needs fixed ports"
+
+
+def test_configs_name_their_peers_by_compose_service_and_listen_port() -> None:
+    a, b = config_of("party-a"), config_of("party-b")
+    accountant = config_of("accountant").accountant
+    assert a.coordinator is not None and config_mount("coordinator").host_path == config_mount("party-a").host_path
+    calls = {
+        "party_a.label_party": (a.party_a.label_party, "party-b"),
+        "party_a.accountant": (a.party_a.accountant, "accountant"),
+        "party_b.accountant": (b.party_b.accountant, "accountant"),
+        "coordinator.party_a": (a.coordinator.party_a, "party-a"),
+    }
+    for key, (address, service) in calls.items():
+        host, port = address.rsplit(":", 1)
+        assert host == service, f"{key} = {address}: the host must be the compose service {service}"
+        assert int(port) == port_of(getattr(config_of(service), SERVICES[service]).listen), f"{key} = {address}"
+    rest_port = port_of(accountant.rest_listen)
+    for key, url in {
+        "party_a.accountant_status_url": a.party_a.accountant_status_url,
+        "party_b.accountant_status_url": b.party_b.accountant_status_url,
+        "coordinator.accountant_status_url": a.coordinator.accountant_status_url,
+    }.items():
+        parts = urlsplit(url)
+        assert (parts.scheme, parts.hostname, parts.port) == ("https", "accountant", rest_port), f"{key} = {url}"
+
+
+def test_every_path_in_the_configs_is_inside_a_suitable_mount() -> None:
+    # (service, path, what the mount must be): state on a writable named volume, inputs read-only
+    a, b = config_of("party-a"), config_of("party-b")
+    accountant = config_of("accountant").accountant
+    writable, read_only = "writable volume", "read-only"
+    paths = [
+        ("accountant", accountant.ledger, writable),
+        ("accountant", accountant.charge_token_file, read_only),
+        ("accountant", accountant.label_charge_token_file, read_only),
+        ("party-a", a.party_a.workdir / "checkpoint", writable),
+        ("party-a", a.party_a.accountant_token_file, read_only),
+        ("party-b", b.party_b.workdir / "checkpoint", writable),
+        ("party-b", b.party_b.receipt_log, writable),
+        ("party-b", b.party_b.accountant_token_file, read_only),
+        *[("party-a", path, read_only) for path in a.party_a.datasets.values()],
+        *[("party-b", path, read_only) for path in b.party_b.datasets.values()],
+    ]
+    for service, settings in (
+        ("accountant", accountant), ("party-a", a.party_a), ("party-b", b.party_b), ("coordinator", a.coordinator)
+    ):
+        assert settings.tls is not None, f"{service}: the deployment runs with mutual TLS"
+        paths += [(service, settings.tls.ca_file, read_only), (service, settings.tls.cert_file, read_only),
+                  (service, settings.tls.key_file, read_only)]
+        assert settings.tls.key_file.name == f"{KEY_OWNER[service]}.key"
+    for service, path, kind in paths:
+        mount = mount_of(service, path)
+        assert mount is not None, f"{service}: {path} is in no mounted volume or file"
+        if kind == writable:
+            assert mount.is_named_volume and not mount.read_only, f"{service}: {path} must be on a writable named volume"
+        else:
+            assert mount.read_only, f"{service}: {path} must be mounted read-only"
+    # and a token or key file is mounted as that very file, not found in some directory
+    for service, path, _kind in paths:
+        if str(path).endswith((".token", ".key", ".pem")):
+            assert mount_of(service, path).target == PurePosixPath(str(path)), f"{service}: {path}"
+
+
+def test_gpu_override_reserves_gpus_for_party_a_only() -> None:
+    override = yaml.safe_load((DEPLOY / "compose.gpu.yml").read_text())
+    assert set(override["services"]) == {"party-a"}
+    devices = override["services"]["party-a"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
+
+
+# -- Dockerfiles ----------------------------------------------------------------------------------
+def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    lines, current = [], ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not current and (not line or line.startswith("#")):
+            continue
+        if line.endswith("\\"):
+            current += line[:-1] + " "
+            continue
+        current += line
+        lines.append(current)
+        current = ""
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "") for line in lines]
+
+
+def instruction(path: Path, name: str) -> list[str]:
+    return [args for instr, args in dockerfile_instructions(path) if instr == name]
+
+
+def install_command(path: Path) -> list[str]:
+    """The arguments of the shared install step a Dockerfile RUNs (after the script's path)."""
+    for args in instruction(path, "RUN"):
+        words = shlex.split(args)
+        for i, word in enumerate(words):
+            if word.endswith("deploy/install.sh"):
+                return words[i + 1 :]
+    raise AssertionError(f"{path.name} does not RUN deploy/install.sh")
+
+
+@pytest.mark.parametrize("service", list(SERVICES))
+def test_dockerfile_is_minimal_non_root_and_runs_the_shared_install(service: str) -> None:
+    path = ROOT / COMPOSE["services"][service]["build"]["dockerfile"]
+    users = instruction(path, "USER")
+    assert users, f"{path.name} has no USER"
+    uid = users[-1].split(":")[0]
+    assert uid not in {"root", "0"} and int(uid) == IMAGE_UID, f"{path.name}: USER {users[-1]}"
+
+    venv, torch_spec, *index = install_command(path)
+    assert venv == "/opt/vesper" and torch_spec == TORCH_SPEC, f"{path.name}: install.sh {venv} {torch_spec}"
+    if service != "party-a":  # A takes the CUDA build from pip's index (build arg TORCH_INDEX_URL)
+        assert index == ["https://download.pytorch.org/whl/cpu"], f"{path.name}: {index}"
+    assert "PATH=/opt/vesper/bin" in " ".join(instruction(path, "ENV"))
+
+    config = str(config_mount(service).target)
+    (entrypoint,) = instruction(path, "ENTRYPOINT")
+    assert yaml.safe_load(entrypoint) == ["vesper", "serve", service, "--config", config]
+    (healthcheck,) = instruction(path, "HEALTHCHECK")
+    command = yaml.safe_load(healthcheck.split("CMD", 1)[1].strip())
+    assert command == ["vesper", "health", "--config", config, service]
+    exposed = {int(p) for args in instruction(path, "EXPOSE") for p in args.split()}
+    assert exposed == listen_ports(service)
+
+
+def test_party_a_image_is_cuda_capable_and_the_others_slim_python() -> None:
+    (base_a,) = instruction(DEPLOY / "party-a.Dockerfile", "FROM")
+    assert base_a.startswith("nvidia/cuda:")
+    assert any("python3.11" in run for run in instruction(DEPLOY / "party-a.Dockerfile", "RUN"))
+    for name in ("party-b", "accountant"):
+        (base,) = instruction(DEPLOY / f"{name}.Dockerfile", "FROM")
+        assert base.startswith("python:3.11-slim"), f"{name}: FROM {base}"
+
+
+def test_dockerignore_keeps_secrets_and_state_out_of_the_build_context() -> None:
+    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    for path in ("deploy/secrets", ".git", ".venv", ".vesper"):
+        assert path in patterns, f".dockerignore must exclude {path}"
+    context = build_context_files()
+    assert "pyproject.toml" in context and "README.md" in context and "deploy/install.sh" in context
+    assert not [f for f in context if f.startswith(("deploy/secrets/", ".venv/", ".git/", "tests/"))]
+
+
+def build_context_files() -> list[str]:
+    """What docker would send as the build context: the tree less .dockerignore's patterns
+    (the patterns used here: plain paths and **/ globs)."""
+    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+
+    def ignored(relative: str) -> bool:
+        for pattern in patterns:
+            if pattern.startswith("**/"):
+                if any(fnmatch.fnmatch(part, pattern[3:]) for part in relative.split("/")):
+                    return True
+            elif relative == pattern or relative.startswith(pattern + "/") or fnmatch.fnmatch(relative, pattern):
+                return True
+        return False
+
+    files = []
+    for directory, subdirs, names in os.walk(ROOT):
+        base = Path(directory).relative_to(ROOT).as_posix()
+        prefix = "" if base == "." else base + "/"
+        subdirs[:] = [d for d in subdirs if not ignored(prefix + d)]
+        files += [prefix + name for name in names if not ignored(prefix + name)]
+    return sorted(files)
+
+
+# -- the helper scripts ---------------------------------------------------------------------------
+def test_make_tokens_writes_two_distinct_private_tokens_the_services_accept(tmp_path: Path) -> None:
+    out = tmp_path / "tokens"
+    first = subprocess.run(["sh", str(DEPLOY / "make-tokens.sh"), str(out)], capture_output=True, text=True, check=True)
+    assert first.stdout.count("wrote") == 2
+    charge, label = out / "charge.token", out / "label-charge.token"
+    assert charge.stat().st_mode & 0o777 == 0o600 and label.stat().st_mode & 0o777 == 0o600
+    tokens = ensure_distinct_tokens(charge, label)  # what the accountant reads at start
+    again = subprocess.run(["sh", str(DEPLOY / "make-tokens.sh"), str(out)], capture_output=True, text=True, check=True)
+    assert again.stdout.count("kept") == 2
+    assert ensure_distinct_tokens(charge, label) == tokens, "a second run must keep the tokens the parties hold"
+
+
+def test_install_script_refuses_an_unpinned_torch(tmp_path: Path) -> None:
+    # the pinned form is run in test_install_script_in_a_fresh_venv_serves_and_answers_health
+    result = subprocess.run(["sh", str(DEPLOY / "install.sh"), str(tmp_path / "venv"), "torch"], capture_output=True, text=True)
+    assert result.returncode == 2 and "must pin torch exactly" in result.stderr
+    assert not (tmp_path / "venv").exists()
+
+
+# -- vesper health --------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def vesper(*args: str, executable: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    """The `vesper` command as a process, as a container's HEALTHCHECK runs it."""
+    command = [str(executable)] if executable else [sys.executable, "-m", "vesper.coordinator"]
+    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def health(*args: str) -> tuple[int, str, str]:
+    """`vesper health ...` in this process (no interpreter start-up): exit code, stdout, stderr."""
+    from typer.testing import CliRunner
+
+    from vesper.coordinator.cli import app
+
+    result = CliRunner().invoke(app, ["health", *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def accountant_config(workdir: Path, port: int, tls: dict[str, str] | None = None) -> Path:
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "accountant.toml"
+    write_section(path, "accountant", {
+        "listen": f"127.0.0.1:{port}", "rest_listen": "127.0.0.1:0", "ledger": str(workdir / "ledger.sqlite"),
+        "charge_token_file": str(workdir / "charge.token"), "label_charge_token_file": str(workdir / "label.token"),
+    })
+    if tls:
+        with path.open("a") as handle:
+            handle.write("[accountant.tls]\n" + "".join(f'{k} = "{v}"\n' for k, v in tls.items()))
+    return path
+
+
+def tls_settings(directory: Path, role: str) -> dict[str, str]:
+    return {"ca_file": str(directory / "ca.pem"), "cert_file": str(directory / f"{role}.pem"),
+            "key_file": str(directory / f"{role}.key")}
+
+
+def test_health_says_serving_for_a_live_service_and_not_once_it_stops(tmp_path: Path) -> None:
+    config = accountant_config(tmp_path, free_port())
+    port = port_of(load_config(config).accountant.listen)
+    service = start_service("accountant", config, tmp_path)
+    try:
+        service.wait_ready()
+        live = vesper("health", "--config", str(config), "accountant")
+        assert live.returncode == 0, live.stderr
+        assert live.stdout.strip() == f"accountant at 127.0.0.1:{port}: SERVING"
+    finally:
+        service.stop()
+    code, out, err = health("--config", str(config), "accountant")
+    assert code == 1 and out == ""
+    (line,) = err.strip().splitlines()  # one line, naming the problem
+    assert line.startswith(f"accountant at 127.0.0.1:{port}: not serving: UNAVAILABLE"), line
+
+
+def test_health_checks_a_tls_service_with_its_own_certificate(tmp_path: Path) -> None:
+    from vesper.common.config import TlsConfig
+    from vesper.common.grpc_server import start_server
+    from vesper.coordinator.certs import CertificatePlan, make_certificates
+
+    # certificates naming only the compose service names, not 127.0.0.1: the health check
+    # dials loopback and must still verify the service's own certificate
+    ours, theirs = tmp_path / "tls", tmp_path / "other-ca"
+    for directory in (ours, theirs):
+        make_certificates(directory, CertificatePlan(hosts={r: [r] for r in KEY_OWNER}))
+    port = free_port()
+    # the server every vesper service runs (health service included), with mutual TLS
+    server, _ = start_server(f"127.0.0.1:{port}", [], max_message_mb=4,
+                             tls=TlsConfig(**tls_settings(ours, "accountant")))
+    try:
+        config = accountant_config(tmp_path / "tls-config", port, tls_settings(ours, "accountant"))
+        code, out, err = health("--config", str(config), "accountant")
+        assert code == 0, err
+        assert out.strip() == f"accountant at 127.0.0.1:{port}: SERVING"
+
+        # the same server asked in plaintext, or with a certificate of another deployment's CA
+        plain = accountant_config(tmp_path / "plain", port)
+        foreign = accountant_config(tmp_path / "foreign", port, tls_settings(theirs, "accountant"))
+        for refused in (plain, foreign):
+            code, out, err = health("--config", str(refused), "accountant", "--timeout", "2")
+            assert code == 1 and f"accountant at 127.0.0.1:{port}: not serving" in err, (refused, err)
+    finally:
+        server.stop(grace=None)
+
+
+def test_health_explains_what_it_cannot_check(tmp_path: Path) -> None:
+    port = free_port()
+    closed = accountant_config(tmp_path, port)  # nothing listens there
+    code, _, err = health("--config", str(closed), "accountant", "--timeout", "1")
+    assert code == 1 and "UNAVAILABLE" in err
+
+    code, _, err = health("--config", str(closed), "party-a")
+    assert code == 1 and "has no [party_a] section" in err
+
+    any_port = tmp_path / "any-port.toml"
+    any_port.write_text(closed.read_text().replace(f"127.0.0.1:{port}", "0.0.0.0:0"))
+    code, _, err = health("--config", str(any_port), "accountant")
+    assert code == 1 and "port 0" in err
+
+    missing = tmp_path / "missing-key.toml"
+    missing.write_text(closed.read_text() + '[accountant.tls]\nca_file = "/nonexistent/ca.pem"\n'
+                       'cert_file = "/nonexistent/a.pem"\nkey_file = "/nonexistent/a.key"\n')
+    code, _, err = health("--config", str(missing), "accountant")
+    assert code == 1 and "accountant.tls.ca_file = /nonexistent/ca.pem" in err
+
+
+def test_health_asks_loopback_for_a_wildcard_listen_address() -> None:
+    from vesper.coordinator.health_check import HealthCheckError, connect_address
+
+    assert connect_address("0.0.0.0:50051") == "127.0.0.1:50051"
+    assert connect_address("[::]:50052") == "[::1]:50052"
+    assert connect_address("accountant:50053") == "accountant:50053"
+    with pytest.raises(HealthCheckError, match="not host:port"):
+        connect_address("50053")
+
+
+# -- the images' install step, for real (slow) ----------------------------------------------------
+@pytest.mark.slow
+def test_install_script_in_a_fresh_venv_serves_and_answers_health(tmp_path: Path) -> None:
+    """deploy/install.sh as party B's and the accountant's Dockerfiles RUN it, from a copy of the
+    build context: the CPU torch spec; the CPU index URL is not reachable here, so pip's
+    configured index supplies the same torch==2.13.0+cpu wheel."""
+    source = tmp_path / "src"
+    for relative in build_context_files():
+        target = source / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / relative, target)
+    venv_arg, torch_spec, *_index = install_command(DEPLOY / "party-b.Dockerfile")
+    assert torch_spec == TORCH_SPEC
+    venv = tmp_path / "venv"
+    env = dict(os.environ)
+    env.pop("VIRTUAL_ENV", None)
+    if shutil.which("python3.11") is None:
+        env["PYTHON"] = sys.executable
+    started = time.monotonic()
+    install = subprocess.run(["sh", str(source / "deploy" / "install.sh"), str(venv), torch_spec],
+                             capture_output=True, text=True, env=env, timeout=1500)
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    print(f"install.sh took {time.monotonic() - started:.0f} s")
+    assert f"torch {TORCH_SPEC.split('==')[1]}" in install.stdout
+
+    vesper_bin = venv / "bin" / "vesper"
+    assert vesper("--help", executable=vesper_bin).returncode == 0
+    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import vesper.common; print(vesper.common.__file__)"],
+                           capture_output=True, text=True, check=True).stdout
+    assert str(venv) in where, f"the fresh venv imports vesper from {where}, not its own install"
+
+    workdir = tmp_path / "accountant"
+    workdir.mkdir()
+    config = accountant_config(workdir, free_port())
+    log = (workdir / "accountant.log").open("wb")
+    server = subprocess.Popen([str(vesper_bin), "serve", "accountant", "--config", str(config)],
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            health = vesper("health", "--config", str(config), "accountant", executable=vesper_bin)
+            if health.returncode == 0 or time.monotonic() > deadline or server.poll() is not None:
+                break
+            time.sleep(0.5)
+        assert health.returncode == 0, health.stderr + (workdir / "accountant.log").read_text()[-2000:]
+        assert health.stdout.strip().endswith(": SERVING")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()

@@ -1,0 +1,80 @@
+"""Party A's resume files: the release journal, checkpoint rotation, what cannot resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from vesper.common.config import RunConfig
+from vesper.common.wire import encode_tensor
+from vesper.party_a.run_checkpoint import (
+    KEEP,
+    Checkpoint,
+    Position,
+    ReleaseJournal,
+    ReplayDiverged,
+    ResumeError,
+    RunFiles,
+    check_resumable,
+)
+
+
+def test_the_journal_records_each_release_once_and_refuses_a_replay_that_differs(tmp_path: Path) -> None:
+    path = tmp_path / "releases.jsonl"
+    sent = encode_tensor(torch.arange(6.0).reshape(1, 3, 2), "float32")
+    journal = ReleaseJournal(path)
+    journal.before_send("train-0/0", sent)
+    reopened = ReleaseJournal(path)  # after a crash
+    reopened.before_send("train-0/0", encode_tensor(torch.arange(6.0).reshape(1, 3, 2), "float32"))  # same bytes: fine
+    assert len(path.read_text().splitlines()) == 1
+    other = encode_tensor(torch.arange(6.0).reshape(1, 3, 2) + 1e-6, "float32")
+    with pytest.raises(ReplayDiverged, match="train-0/0 recomputed on resume differs"):
+        reopened.before_send("train-0/0", other)
+    reopened.before_send("train-0/1", other)  # a new key is a new release
+    assert len(path.read_text().splitlines()) == 2
+
+
+def test_a_torn_last_journal_line_is_a_release_never_sent_but_a_torn_middle_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "releases.jsonl"
+    ReleaseJournal(path).before_send("a/0", encode_tensor(torch.zeros(1, 1, 1), "float32"))
+    with path.open("a") as handle:
+        handle.write('{"key": "a/1", "sha')
+    assert set(ReleaseJournal(path).sent) == {"a/0"}
+    path.write_text('{"key": "a/1", "sha\n' + path.read_text())
+    with pytest.raises(ResumeError, match="line 1 is not a journal entry"):
+        ReleaseJournal(path)
+
+
+def _checkpoint(step: int) -> Checkpoint:
+    state = torch.Generator().get_state()
+    position = Position(step, 0, step, [torch.arange(3)], state)
+    return Checkpoint(position, {"w": torch.ones(2)}, None, state, state, [None], step, 0.5, step)
+
+
+def test_checkpoints_rotate_and_the_newest_is_loaded(tmp_path: Path) -> None:
+    files = RunFiles(tmp_path)
+    assert files.latest_checkpoint() is None
+    for step in (5, 10, 15, 20):
+        files.save_checkpoint(_checkpoint(step))
+    assert files.checkpoint_steps() == [15, 20][-KEEP:]
+    latest = files.latest_checkpoint()
+    assert latest.position.step == 20 and torch.equal(latest.extractor["w"], torch.ones(2))
+    assert not list(tmp_path.glob("*.tmp"))
+    with pytest.raises(ResumeError, match="no resume record"):
+        files.load_start()
+
+
+@pytest.mark.parametrize(
+    "settings, fragment",
+    [
+        ({"label_privacy": {"mode": "rr", "epsilon": 2}}, "label_privacy.mode=rr"),
+        ({"audit": {"canaries": 10}}, "an audit"),
+        ({"record_gradients": True}, "record_gradients"),
+    ],
+)
+def test_runs_whose_state_lives_outside_the_checkpoints_are_not_resumed(settings: dict, fragment: str) -> None:
+    check_resumable(RunConfig.model_validate({"dataset": "cora"}))
+    with pytest.raises(ResumeError, match=fragment):
+        check_resumable(RunConfig.model_validate({"dataset": "cora", **settings}))
