@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench-accounting bench-extractors bench-extractors-sweep bench-label-privacy results results-quick proto check-proto clean
+.PHONY: demo test test-slow bench-accounting bench-extractors bench-extractors-sweep bench-label-privacy bench-soak results results-quick proto check-proto clean
 TOLOKERS ?= ../shared/data/tolokers.npz
 
 $(STAMP): pyproject.toml
@@ -58,6 +58,11 @@ results: $(STAMP)
 
 results-quick: $(STAMP)
 	$(BIN)/vesper bench results --quick --jobs 2 --out bench/results-quick --report bench/results-quick.md
+
+# 20,000 training steps through the three services; RSS, open file descriptors and threads
+# of each, flat and leak-free or exit 6 (docs/soak.md; about 10-25 minutes on 2 cores)
+bench-soak: $(STAMP)
+	nice -n 10 $(BIN)/vesper bench soak --steps 20000
 
 proto: $(STAMP)
 	$(BIN)/python -m vesper.proto.generate

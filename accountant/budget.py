@@ -20,6 +20,7 @@ twice.
 from __future__ import annotations
 
 import math
+import re
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from vesper.common.privacy.ledger import (
     ASSUMPTIONS,
     KINDS,
     LABEL_ACCOUNTING,
+    LABEL_UNIT,
     ChargeRule,
     CurvePoint,
     LedgerRow,
@@ -59,6 +61,8 @@ from vesper.common.privacy.theorem21 import calibrate_bound6
 ACCOUNTANTS = ("pld", "rdp")
 # room for party B's label ledger of a 64-character run id (``<run id>.labels``)
 MAX_RUN_ID = 128
+RUN_ID = re.compile(rf"[A-Za-z0-9_-][A-Za-z0-9_.-]{{0,{MAX_RUN_ID - 1}}}")
+PRIVACY_UNITS = ("edge", "node", LABEL_UNIT)
 
 
 class AccountantError(Exception):
@@ -67,6 +71,12 @@ class AccountantError(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+def shown(value: str, limit: int = 80) -> str:
+    """A client's string as an error message quotes it: bounded, since a status's details
+    travel in a header that a client refuses past 16 KiB (the error would be lost)."""
+    return repr(value if len(value) <= limit else value[:limit] + "...")
 
 
 def _now() -> str:
@@ -227,8 +237,13 @@ class Accountant:
             raise _invalid(str(exc)) from None
         if math.isnan(epsilon_budget) or epsilon_budget <= 0:
             raise _invalid(f"epsilon budget must be > 0, got {epsilon_budget}")
-        if not run_id or len(run_id) > MAX_RUN_ID:
-            raise _invalid(f"run id must have 1 to {MAX_RUN_ID} characters")
+        if not RUN_ID.fullmatch(run_id):
+            raise _invalid(
+                f"run id must have 1 to {MAX_RUN_ID} characters, each a letter, digit, '_', '-' or '.', the first "
+                f"not '.' (the REST status serves it at /v1/runs/<run id>); got {shown(run_id)}"
+            )
+        if privacy_unit not in PRIVACY_UNITS:
+            raise _invalid(f"unknown privacy unit {privacy_unit!r}; known: {', '.join(PRIVACY_UNITS)}")
         if len(assumption_note) > 1000:
             raise _invalid("the assumption note is limited to 1000 characters")
         events = self._parse_rules(rules, accounting)
@@ -261,7 +276,7 @@ class Accountant:
                 return state
             record = self.store.get_run(run_id)
             if record is None:
-                raise AccountantError("NOT_FOUND", f"unknown run id {run_id!r}")
+                raise AccountantError("NOT_FOUND", f"unknown run id {shown(run_id)}")
             events = parse_rules(record)
             state = _RunState(record, events)
             rows = self.store.charges(run_id)

@@ -8,10 +8,34 @@ written as the string "Infinity".
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import FastAPI, HTTPException
+from pydantic import BaseModel
 
 from vesper.accountant.budget import Accountant, AccountantError
 from vesper.common.privacy.ledger import LedgerView, RunStatusView, label_ledger_id, main_run_id
+
+
+class NotFound(BaseModel):
+    detail: str
+
+
+NO_SUCH_RUN: dict[int | str, dict[str, Any]] = {404: {"model": NotFound, "description": "no such run"}}
+
+
+def _numbers_may_be_infinite(node: object) -> None:
+    """The models write infinite values as the string "Infinity" (ser_json_inf_nan="strings"): say so."""
+    if isinstance(node, dict):
+        if node.get("type") == "number":
+            del node["type"]
+            node["anyOf"] = [{"type": "number"}, {"type": "string", "enum": ["Infinity", "-Infinity", "NaN"]}]
+            return
+        for value in node.values():
+            _numbers_may_be_infinite(value)
+    elif isinstance(node, list):
+        for value in node:
+            _numbers_may_be_infinite(value)
 
 
 def create_app(accountant: Accountant) -> FastAPI:
@@ -36,17 +60,17 @@ def create_app(accountant: Accountant) -> FastAPI:
     def list_runs() -> list[RunStatusView]:
         return accountant.list_runs()
 
-    @app.get("/v1/runs/{run_id}", response_model=RunStatusView)
+    @app.get("/v1/runs/{run_id}", response_model=RunStatusView, responses=NO_SUCH_RUN)
     def get_run(run_id: str) -> RunStatusView:
         return view(run_id)
 
-    @app.get("/v1/runs/{run_id}/ledger", response_model=LedgerView)
+    @app.get("/v1/runs/{run_id}/ledger", response_model=LedgerView, responses=NO_SUCH_RUN)
     def get_ledger(run_id: str) -> LedgerView:
         view(run_id)
         record = accountant.store.get_run(run_id)
         return LedgerView(run=record, rows=accountant.store.charges(run_id))
 
-    @app.get("/v1/runs/{run_id}/related", response_model=list[RunStatusView])
+    @app.get("/v1/runs/{run_id}/related", response_model=list[RunStatusView], responses=NO_SUCH_RUN)
     def get_related(run_id: str) -> list[RunStatusView]:
         """Party A's run and party B's label ledger of it: two ledgers, two budgets, never summed."""
         views = []
@@ -59,4 +83,7 @@ def create_app(accountant: Accountant) -> FastAPI:
             raise HTTPException(status_code=404, detail=f"no run {main_run_id(run_id)!r} and no label ledger of it")
         return views
 
+    document = app.openapi()
+    _numbers_may_be_infinite(document.get("components", {}))
+    app.openapi_schema = document
     return app

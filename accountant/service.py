@@ -154,7 +154,7 @@ class AccountantService(pb_grpc.AccountantServicer):
         )
         try:
             details = json.loads(request.details_json) if request.details_json else {}
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"details_json is not JSON: {exc}")
         view = self._call(
             context,

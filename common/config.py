@@ -73,7 +73,7 @@ class OptimizerConfig(_Model):
 
     name: Literal["adam", "sgd"] = "adam"
     lr: float = Field(0.01, gt=0, le=10)
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0, allow_inf_nan=False)
 
 
 class PrivacyConfig(_Model):
@@ -128,7 +128,7 @@ class PateConfig(_Model):
     sigma2: float | None = Field(None, gt=0, description="σ2, noise std of the GNMax step; unset: calibrated")
     teacher_epochs: int = Field(100, ge=1, le=100_000, description="full-batch epochs of each teacher")
     teacher_lr: float = Field(0.05, gt=0, le=10)
-    teacher_weight_decay: float = Field(1e-2, ge=0)
+    teacher_weight_decay: float = Field(1e-2, ge=0, allow_inf_nan=False)
     teacher_class_balanced: bool = Field(True, description="weight each teacher's loss by inverse class frequency in its group")
 
     @model_validator(mode="after")

@@ -41,7 +41,10 @@ def resolve_dataset(name_or_path: str, aliases: dict[str, str] | None = None) ->
     elif name_or_path in BUNDLED:
         path = bundled_path(name_or_path)
     else:
-        path = Path(name_or_path).expanduser()
+        try:
+            path = Path(name_or_path).expanduser()
+        except RuntimeError:  # "~someone" and there is no such user
+            raise DatasetError(f"unknown dataset {name_or_path!r}: no such home directory") from None
     if not path.is_file():
         known = ", ".join(sorted(set(BUNDLED) | set(aliases)))
         raise DatasetError(

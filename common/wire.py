@@ -2,9 +2,11 @@
 
 Both parties decode everything they receive through :func:`decode_tensor`, which
 refuses unknown dtypes, shapes that disagree with the data, tensors above the
-configured size and non-finite values, each with a :class:`WireError` that names the
-problem. Casting to bfloat16 for the wire is post-processing of an already
-privatised tensor, so it never changes a privacy cost.
+configured size, non-finite values and absurdly large ones, each with a :class:`WireError`
+that names the problem; every check on the message's structure runs before its data is
+read, so a message that claims a huge tensor costs nothing to refuse. Casting to bfloat16
+for the wire is post-processing of an already privatised tensor, so it never changes a
+privacy cost.
 """
 
 from __future__ import annotations
@@ -27,6 +29,12 @@ _NUMPY_BITS = {"float32": np.dtype("<f4"), "bfloat16": np.dtype("<u2")}
 ITEM_SIZE = {"float32": 4, "bfloat16": 2}
 
 DEFAULT_MAX_ELEMENTS = 64 * 1024 * 1024 // 4
+# the protocol sends B x d x L tensors; torch itself stops at 64 dimensions
+MAX_DIMS = 8
+# No release or gradient comes near this (a noised embedding is O(noise std), a gradient
+# far smaller), and far larger values break the receiver: its optimiser squares them
+# (Adam's second moment), which overflows float32 above ~1.8e19 and freezes or NaNs the model.
+MAX_ABS_VALUE = 1e9
 
 
 class WireError(ValueError):
@@ -72,14 +80,21 @@ def decode_tensor(
     expected_dtype: WireDType | None = None,
     max_elements: int = DEFAULT_MAX_ELEMENTS,
     require_finite: bool = True,
+    max_abs: float | None = MAX_ABS_VALUE,
 ) -> torch.Tensor:
     """Decode and validate a wire tensor into a float32 CPU tensor.
 
-    ``name`` is used in error messages ("embeddings", "gradient", ...).
+    ``name`` is used in error messages ("embeddings", "gradient", ...). ``max_abs`` bounds
+    the magnitude of the finite values (None: no bound); NaN and Inf are ``require_finite``'s.
     """
-    dtype = dtype_from_proto(message.dtype)
+    try:
+        dtype = dtype_from_proto(message.dtype)
+    except WireError as exc:
+        raise WireError(f"{name}: {exc}") from None
     if expected_dtype is not None and dtype != expected_dtype:
         raise WireError(f"{name}: dtype {dtype} but this run sends {expected_dtype}")
+    if len(message.shape) > MAX_DIMS:
+        raise WireError(f"{name}: {len(message.shape)} dimensions; at most {MAX_DIMS} are accepted")
     shape = tuple(int(s) for s in message.shape)
     if not shape:
         raise WireError(f"{name}: shape is empty; expected {list(expected_shape or [])}")
@@ -89,6 +104,14 @@ def decode_tensor(
     if numel > max_elements:
         raise WireError(
             f"{name}: {numel} elements exceed the configured maximum of {max_elements}"
+        )
+    # an empty tensor's other dimensions must fit too: torch multiplies them out (and fails
+    # with an int64 overflow for huge ones), and no receiver wants such a shape
+    span = math.prod(max(s, 1) for s in shape)
+    if span > max_elements:
+        raise WireError(
+            f"{name}: shape {list(shape)} is empty but its other dimensions span {span} elements, "
+            f"above the configured maximum of {max_elements}"
         )
     if expected_shape is not None and shape != tuple(expected_shape):
         raise WireError(f"{name}: shape {list(shape)} but expected {list(expected_shape)}")
@@ -108,6 +131,14 @@ def decode_tensor(
     if require_finite and not bool(torch.isfinite(tensor).all()):
         bad = int((~torch.isfinite(tensor)).sum())
         raise WireError(f"{name}: {bad} non-finite values (NaN or Inf)")
+    if max_abs is not None:
+        too_large = torch.isfinite(tensor) & (tensor.abs() > max_abs)
+        if bool(too_large.any()):
+            largest = float(tensor.abs()[too_large].max())
+            raise WireError(
+                f"{name}: {int(too_large.sum())} values of magnitude above {max_abs:g} (the largest "
+                f"{largest:.3g}); no release or gradient is that large"
+            )
     return tensor
 
 

@@ -913,6 +913,15 @@ def _results_command():
 bench_app.command("results")(_results_command())
 
 
+def _soak_command():
+    from vesper.coordinator.soak_bench import soak_command
+
+    return soak_command
+
+
+bench_app.command("soak")(_soak_command())
+
+
 @bench_app.command("snr")
 def bench_snr(
     dataset: str = typer.Option("cora", "--dataset", help="A bundled name or an .npz path."),

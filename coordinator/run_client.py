@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import grpc
 from rich.console import Console
@@ -39,7 +40,7 @@ def format_epsilon(value: float | None) -> str:
 
 def drive_run(
     party_a: str, config: RunConfig | None, console: Console, tls: TlsConfig | None = None,
-    resume_run_id: str | None = None,
+    resume_run_id: str | None = None, on_progress: Callable[[pb.Progress], None] | None = None,
 ) -> RunSummary:
     """Start ``config`` at party A and follow it to its summary; or, with ``resume_run_id``
     (and no config), continue that interrupted run from A's last checkpoint.
@@ -77,6 +78,8 @@ def drive_run(
                         return summary
                     p = event.progress
                     run_id = p.run_id or run_id
+                    if on_progress is not None:
+                        on_progress(p)
                     if p.phase == "train" and p.total_steps:
                         progress.update(
                             task, total=p.total_steps, completed=p.step, loss=f"{p.loss:.4f}",

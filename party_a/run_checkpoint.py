@@ -36,6 +36,7 @@ from vesper.proto.v1 import tensor_pb2
 RESUME_FILE = "resume.pt"
 JOURNAL_FILE = "releases.jsonl"
 KEEP = 2
+TRAIN_PASS = "train-"  # release keys of the main training loop: "train-<epoch>/<index>"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)\.pt$")
 
 
@@ -100,11 +101,16 @@ class ReleaseJournal:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.sent: dict[str, str] = {}
+        # keys of training releases, one list per interval between checkpoints (oldest first):
+        # their digests leave memory once no kept checkpoint precedes them (checkpointed())
+        self._train_keys: list[list[str]] = [[]]
         if path.exists():
             for number, line in enumerate(path.read_text().splitlines(), 1):
                 try:
                     entry = json.loads(line)
                     self.sent[entry["key"]] = entry["sha256"]
+                    if entry["key"].startswith(TRAIN_PASS):
+                        self._train_keys[0].append(entry["key"])
                 except (json.JSONDecodeError, KeyError, TypeError):
                     # only the last line can be torn (a crash mid-append), and its release was never sent
                     if number != len(path.read_text().splitlines()):
@@ -127,6 +133,19 @@ class ReleaseJournal:
             handle.flush()
             os.fsync(handle.fileno())
         self.sent[key] = digest
+        if key.startswith(TRAIN_PASS):
+            self._train_keys[-1].append(key)
+
+    def checkpointed(self) -> None:
+        """A checkpoint was saved. A resume replays training from a kept checkpoint (the KEEP
+        newest), so digests of training releases sent before the oldest of them are never
+        looked up again: without this, memory grows by ~190 bytes per step for the whole run.
+        releases.jsonl keeps every entry; the preparation's releases (replayed whole on
+        resume) stay in memory."""
+        self._train_keys.append([])
+        while len(self._train_keys) > KEEP:
+            for key in self._train_keys.pop(0):
+                self.sent.pop(key, None)
 
 
 def check_resumable(config: RunConfig) -> None:

@@ -18,10 +18,12 @@ import grpc
 import torch
 from pydantic import ValidationError
 
+from vesper.common.accountant_client import PeerError
 from vesper.common.charge_token import TokenError, read_token
 from vesper.common.config import PartyAConfig, RunConfig
 from vesper.common.dataset_files import DatasetError, resolve_dataset
 from vesper.common.grpc_server import start_server, wait_for_signal, write_ready_file
+from vesper.party_a.extractors.registry import lookup, validated_params
 from vesper.party_a.peers import AccountantClient, LabelPartyClient
 from vesper.party_a.run_checkpoint import ResumeError, RunFiles, check_resumable
 from vesper.party_a.trainer import GraphData, GraphPartyRun, ProgressEvent
@@ -82,6 +84,10 @@ class GraphPartyService(pb_grpc.GraphPartyServicer):
                 config = RunConfig.model_validate_json(request.run_config_json)
             except ValidationError as exc:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid run configuration: {exc}")
+            try:  # the extractor and its parameters, before anything starts (ExtractorNotFound is a ValueError)
+                validated_params(lookup(config.extractor.name).spec, config)
+            except ValueError as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid run configuration: {exc}")
         try:
             data = self._load(resolve_dataset(config.dataset, self.settings.datasets))
         except DatasetError as exc:
@@ -102,6 +108,20 @@ class GraphPartyService(pb_grpc.GraphPartyServicer):
         accountant = AccountantClient(
             self.settings.accountant, token, tls=self.settings.tls, retry_s=self.settings.peer_retry_s
         )
+        if resume is not None:
+            # before party B or A's run files are touched: a finished run's record stays as it is
+            try:
+                status = accountant.get_run(request.resume_run_id).status
+            except PeerError as exc:
+                status = f"unknown ({exc})"
+            if status not in ("active", "interrupted"):
+                label_party.close()
+                accountant.close()
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"cannot resume run {request.resume_run_id}: it is {status} at the accountant; only an "
+                    "interrupted run resumes",
+                )
         run = GraphPartyRun(
             config, self.settings, data, label_party, accountant,
             report=events.put, cancelled=lambda: not context.is_active(), resume=resume,

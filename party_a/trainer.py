@@ -718,6 +718,7 @@ class GraphPartyRun:
             charges=self.charges, epsilon_spent=self.epsilon_spent, steps_done=self.steps_done,
         )
         self.files.save_checkpoint(self.checkpoint)
+        self.journal.checkpointed()
 
     def _restore(self, extractor: Extractor, optimizer: torch.optim.Optimizer | None) -> Position:
         """The checkpoint's state, over a run replayed up to the end of its preparation."""

@@ -115,7 +115,7 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
         with self._lock:
             session = self._sessions.get(run_id)
         if session is None:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown run id {run_id!r}: call SetupRun first")
+            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown run id {run_id[:80]!r}: call SetupRun first")
         return session
 
     def _received(
@@ -166,7 +166,7 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
     ) -> LabelGuard:
         """The run's label guard: made (and its ledger opened and charged) by the run's first session."""
         label_run_id = request.label_run_id or request.run_id
-        if not RUN_ID.match(label_run_id):
+        if not RUN_ID.fullmatch(label_run_id):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"label run id {label_run_id!r} must match {RUN_ID.pattern}")
         with self._lock:
             guard = self._guards.get(label_run_id)
@@ -188,7 +188,7 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
 
     # -- RPCs ------------------------------------------------------------------------------
     def SetupRun(self, request: pb.SetupRunRequest, context: grpc.ServicerContext) -> pb.SetupRunReply:
-        if not RUN_ID.match(request.run_id):
+        if not RUN_ID.fullmatch(request.run_id):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"run id {request.run_id!r} must match {RUN_ID.pattern}")
         if not 1 <= request.embedding_dim <= MAX_DIM or not 1 <= request.num_layers <= MAX_LAYERS:
             context.abort(
@@ -210,9 +210,8 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
         if request.resume and settings.mode != "none":
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, "a run with label privacy cannot be resumed")
         with self._lock:
-            if request.resume:
-                self._sessions.pop(request.run_id, None)  # A resumes: what B still holds is stale
-            if request.run_id in self._sessions:
+            # A resumes: what B still holds is stale, and is replaced once the checkpoint is restored
+            if request.run_id in self._sessions and not request.resume:
                 context.abort(grpc.StatusCode.ALREADY_EXISTS, f"run {request.run_id!r} is already set up")
         try:
             path = resolve_dataset(request.dataset, self.config.datasets)
@@ -237,7 +236,7 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
             except FileNotFoundError as exc:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         with self._lock:
-            if request.run_id in self._sessions:
+            if request.run_id in self._sessions and not request.resume:
                 context.abort(grpc.StatusCode.ALREADY_EXISTS, f"run {request.run_id!r} is already set up")
             self._sessions[request.run_id] = session
         log.info(

@@ -78,3 +78,17 @@ def test_runs_whose_state_lives_outside_the_checkpoints_are_not_resumed(settings
     check_resumable(RunConfig.model_validate({"dataset": "cora"}))
     with pytest.raises(ResumeError, match=fragment):
         check_resumable(RunConfig.model_validate({"dataset": "cora", **settings}))
+
+
+def test_the_journal_forgets_training_digests_no_kept_checkpoint_can_replay(tmp_path: Path) -> None:
+    journal = ReleaseJournal(tmp_path / "releases.jsonl")
+    message = encode_tensor(torch.zeros(1, 1, 1), "float32")
+    journal.before_send("one-shot-0/0", message)
+    for step in range(12):
+        journal.before_send(f"train-0/{step}", message)
+        if step % 4 == 3:
+            journal.checkpointed()  # checkpoints after steps 4, 8 and 12
+    # the files kept are checkpoints 8 and 12, and a resume replays from one of them: the
+    # digests from step 8 on and the preparation's release stay checkable, older ones are gone
+    assert set(journal.sent) == {"one-shot-0/0", *(f"train-0/{s}" for s in range(8, 12))}
+    assert len((tmp_path / "releases.jsonl").read_text().splitlines()) == 13  # the file keeps all

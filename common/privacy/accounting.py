@@ -170,7 +170,8 @@ def _gaussian_precision(event: dpa.DpEvent) -> float | None:
         return 0.0
     if isinstance(event, dpa.GaussianDpEvent):
         z = event.noise_multiplier
-        return math.inf if z == 0 else 1.0 / (z * z)
+        square = z * z  # 0 for z below ~1e-162 as well: no noise to speak of
+        return math.inf if square == 0 else 1.0 / square
     if isinstance(event, dpa.SelfComposedDpEvent):
         inner = _gaussian_precision(event.event)
         if inner is None:

@@ -174,6 +174,6 @@ def event_from_json(text: str) -> dpa.DpEvent:
     """Parse and validate a DpEvent written by :func:`event_to_json`."""
     try:
         data = json.loads(text)
-    except (TypeError, json.JSONDecodeError) as exc:
+    except (TypeError, json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
         raise EventError(f"DpEvent is not valid JSON: {exc}") from None
     return _from_data(data)
