@@ -19,7 +19,7 @@ from vesper.common.optim import build_optimizer
 from vesper.common.privacy.ledger import LedgerRow, RunRecord, replay
 from vesper.common.wire import encode_tensor
 from vesper.coordinator.processes import start_service, write_section
-from vesper.coordinator.run_client import drive_run
+from vesper.coordinator.run_client import RunClientError, drive_run
 from vesper.party_b.service import LabelPartyService
 from vesper.proto.v1 import label_party_pb2_grpc as lp_grpc
 
@@ -56,10 +56,13 @@ def test_killing_party_b_mid_run_interrupts_the_run_and_resuming_it_gives_the_un
         # the same model: the resumed run recomputed every release bit for bit (A's journal checks it)
         assert outcome.final.test_metric == reference.test_metric
         assert (tmp_path / "cluster" / "party_a" / "runs" / outcome.run_id / "releases.jsonl").exists()
-        # a finished run does not resume, and the attempt leaves its ledger as it was
-        again = drive_run(cluster.party_a_address, None, QUIET, resume_run_id=outcome.run_id)
-        assert again.status == "failed" and "completed at the accountant" in again.message, again.message
+        # a finished run does not resume, and the attempt leaves its ledger and its files as they were
+        summary_file = tmp_path / "cluster" / "party_a" / "runs" / outcome.run_id / "summary.json"
+        before = summary_file.read_bytes()
+        with pytest.raises(RunClientError, match="it is completed at the accountant"):
+            drive_run(cluster.party_a_address, None, QUIET, resume_run_id=outcome.run_id)
         assert ledger_rows(cluster.status_url, outcome.run_id) == charged
+        assert summary_file.read_bytes() == before
 
 
 class MisbehavingLabelParty(LabelPartyService):

@@ -114,8 +114,11 @@ def test_two_layers_count_what_n_e_allows(
 def test_unknown_parameters_and_hidden_batch_without_amplification_are_refused(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
+    # party A refuses unknown parameters before the run starts: no run, no summary
+    code, output = vesper("train", "--party-a", cluster.party_a_address,
+                          *fast_run("--extractor", "vfgnn", "--epsilon", "4", "-p", "aggregation=max"))
+    assert code == 1 and "INVALID_ARGUMENT" in output and "bad parameters for extractor vfgnn" in " ".join(output.split())
     for flags, message in (
-        (("-p", "aggregation=max"), "bad parameters for extractor vfgnn"),
         # one batch holds every training root: γ = 1, nothing to amplify (docs/extractors/vfgnn.md, 5.3)
         (("--accounting", "hidden-batch", "--batch-size", "4096"), "amplifies nothing; use visible-batch"),
     ):
