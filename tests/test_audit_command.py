@@ -14,6 +14,9 @@ from vesper.coordinator.cli import app
 
 runner = CliRunner()
 
+# the audit bench trains and attacks a small grid through the services (~2 min): make test-slow
+pytestmark = pytest.mark.slow
+
 
 def _flat(text: str) -> str:
     return " ".join(text.split())

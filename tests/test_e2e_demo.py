@@ -86,7 +86,9 @@ LABEL_DEMOS = {
 }
 
 
-@pytest.mark.parametrize("mode", list(LABEL_DEMOS))
+@pytest.mark.parametrize("mode", [
+    "rr", pytest.param("pate", marks=pytest.mark.slow),  # pate's teachers: ~30 s, make test-slow
+])
 def test_demo_with_label_privacy_shows_both_ledgers(tmp_path: Path, mode: str) -> None:
     out = tmp_path / "demo.json"
     workdir = tmp_path / "demo"

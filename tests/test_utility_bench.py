@@ -353,6 +353,7 @@ def test_report_files_are_written(tmp_path: Path) -> None:
 
 # -- the command, through the services ----------------------------------------------------------------
 @pytest.mark.e2e
+@pytest.mark.slow  # a grid of runs through the services: make test-slow
 def test_the_command_runs_a_tiny_grid_through_the_services_and_resumes(tmp_path: Path) -> None:
     import typer
     from typer.testing import CliRunner
