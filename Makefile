@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench-accounting bench-extractors bench-extractors-sweep bench-label-privacy bench-soak results results-quick proto check-proto clean
+.PHONY: demo test test-slow bench-accounting bench-extractors bench-extractors-sweep bench-label-privacy bench-soak bench-perf results results-quick proto check-proto clean
 TOLOKERS ?= ../shared/data/tolokers.npz
 
 $(STAMP): pyproject.toml
@@ -63,6 +63,12 @@ results-quick: $(STAMP)
 # of each, flat and leak-free or exit 6 (docs/soak.md; about 10-25 minutes on 2 cores)
 bench-soak: $(STAMP)
 	nice -n 10 $(BIN)/vesper bench soak --steps 20000
+
+# issue #9's figures, each a ratio measured in this one run: two-party throughput against one
+# process, pipelining, sampler and PMP layer against their references, wire bytes, accountant
+# latency, scale; writes docs/performance.md (run it on a quiet machine)
+bench-perf: $(STAMP)
+	$(BIN)/vesper bench perf --tolokers $(TOLOKERS) --out docs/performance.md
 
 proto: $(STAMP)
 	$(BIN)/python -m vesper.proto.generate

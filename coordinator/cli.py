@@ -922,6 +922,15 @@ def _soak_command():
 bench_app.command("soak")(_soak_command())
 
 
+def _perf_command():
+    from vesper.coordinator.perf.command import perf_command
+
+    return perf_command
+
+
+bench_app.command("perf")(_perf_command())
+
+
 @bench_app.command("snr")
 def bench_snr(
     dataset: str = typer.Option("cora", "--dataset", help="A bundled name or an .npz path."),

@@ -68,20 +68,29 @@ class TrainingStream:
             self._replies.put(error)
 
     def exchange(self, request: lp_pb.TrainStep) -> lp_pb.TrainStepReply:
+        self.send(request)
+        return self.receive(request.step)
+
+    def send(self, request: lp_pb.TrainStep) -> None:
+        """Hand a step to gRPC's thread and return at once: A may work (e.g. sample the next
+        step) while B computes; :meth:`receive` then waits for B's answer."""
         self._requests.put(request)
+
+    def receive(self, step: int) -> lp_pb.TrainStepReply:
+        """B's answer to the step sent last, or the PeerError/PeerLost that replaced it."""
         try:
             reply = self._replies.get(timeout=self.timeout_s)
         except queue.Empty:
             self._call.cancel()
             raise PeerLost(
-                f"party B at {self.address} did not answer step {request.step} within {self.timeout_s:g} s"
+                f"party B at {self.address} did not answer step {step} within {self.timeout_s:g} s"
             ) from None
         if isinstance(reply, grpc.RpcError):
             if reply.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                 raise PeerLost(
-                    f"party B at {self.address} vanished during step {request.step} ({describe_rpc_error(reply)})"
+                    f"party B at {self.address} vanished during step {step} ({describe_rpc_error(reply)})"
                 )
-            raise PeerError(f"party B at {self.address} rejected step {request.step}: {describe_rpc_error(reply)}")
+            raise PeerError(f"party B at {self.address} rejected step {step}: {describe_rpc_error(reply)}")
         if isinstance(reply, Exception):
             raise reply
         return reply

@@ -6,7 +6,9 @@
     prepare  the extractor's stages before training: edge-free pre-training with B,
              one-shot releases (GAP's hops, DPAR's neighbourhoods), each charged first
     train    per step: the extractor releases the batch's B x d x L', A charges it, sends
-             it to B, receives dLoss/dH and updates what the extractor trains
+             it to B, receives dLoss/dH and updates what the extractor trains; while B
+             computes, A samples the next step's subgraph (pipelining: sampling reads no
+             parameter, so the releases are the same; ``VESPER_PIPELINE=0`` turns it off)
     evaluate per chunk of validation/test nodes: release, charge, send; B returns metrics
 
 Nothing leaves A before the accountant has committed its charge, and a refused
@@ -18,10 +20,13 @@ calibrated run ends with ε spent = the calibrated ε ≤ budget.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from array import array
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +36,7 @@ from torch import nn
 
 from vesper.common.accountant_client import nodes_digest
 from vesper.common.config import Metric, PartyAConfig, RunConfig, RunSummary
-from vesper.common.dataset_files import load_graph_part
+from vesper.common.dataset_files import load_csr_part, load_graph_part
 from vesper.common.optim import build_optimizer
 from vesper.common.privacy.events import event_to_json
 from vesper.common.privacy.ledger import ChargeRule, PlanRule
@@ -82,10 +87,20 @@ class GraphData:
     features: torch.Tensor
 
     @classmethod
-    def load(cls, path: Path, device: torch.device) -> GraphData:
-        part = load_graph_part(path)
-        graph = build_graph(part.edges, part.num_nodes).to(device)
-        return cls(graph, torch.from_numpy(part.features).to(device))
+    def load(cls, path: Path, device: torch.device, *, memory_map: bool = True) -> GraphData:
+        """The CSR and features of ``path``, built once per file into a cache (beside it, or in the
+        user's cache directory) and memory-mapped (common.dataset_files.load_csr_part): on CPU the
+        tensors are views of the mapped files,
+        read from disk as the sampler touches them; on CUDA they are copied to the device once,
+        here. ``memory_map=False`` builds the graph in memory from the file's edges, as before
+        the cache (the same Graph, bit for bit: tests/test_perf_scale.py)."""
+        if not memory_map:
+            part = load_graph_part(path)
+            graph = build_graph(part.edges, part.num_nodes).to(device)
+            return cls(graph, torch.from_numpy(part.features).to(device))
+        csr = load_csr_part(path)
+        graph = Graph(torch.from_numpy(csr.indptr), torch.from_numpy(csr.indices), csr.num_nodes).to(device)
+        return cls(graph, torch.from_numpy(csr.features).to(device))
 
 
 @dataclass(frozen=True)
@@ -145,6 +160,127 @@ def _secret_generators(settings: PartyAConfig, run_seed: int, device: torch.devi
     sampling = torch.Generator().manual_seed(base)
     noise = torch.Generator(device=device).manual_seed(base ^ 0x5DEECE66D)
     return sampling, noise
+
+
+STEP_TIMINGS_FILE = "step_timings.json"
+PIPELINE_ENV = "VESPER_PIPELINE"
+
+
+def pipelining() -> bool:
+    """Whether A samples step t+1 while B computes step t (the default: it is exact).
+    ``VESPER_PIPELINE=0`` turns it off, for measuring what it gains (``vesper bench perf``)."""
+    return os.environ.get(PIPELINE_ENV, "1") != "0"
+
+
+class StepTimings:
+    """Where each training step's time goes at party A, in seconds per phase:
+
+    release   the extractor's release (sampling unless prefetched, encoder, PMP, noise)
+    charge    the write-ahead charge (the accountant's RPC, its SQLite commit)
+    encode    the release as a wire tensor
+    journal   its digest appended to releases.jsonl and synced
+    send      handing the step to gRPC's thread
+    prefetch  sampling the next step while B computes (pipelining)
+    wait      until B's answer arrived (B's decode, loss, update, encode; transport both ways)
+    update    the gradient checked, back-propagated, the optimiser stepped
+    other     checkpoint, progress report
+
+    ``ends`` holds each step's end on A's monotonic clock, for steady-state rates. The first
+    ``MAX_RECORDED`` steps are kept one by one (a flat array: a long run's memory stays flat),
+    and every step adds to the per-phase totals.
+    """
+
+    PHASES = ("release", "charge", "encode", "journal", "send", "prefetch", "wait", "update", "other")
+    MAX_RECORDED = 5000
+
+    def __init__(self) -> None:
+        self.rows = array("d")  # MAX_RECORDED x len(PHASES) at most, row-major
+        self.ends = array("d")
+        self.totals = [0.0] * len(self.PHASES)
+        self.count = 0
+        self._row: list[float] | None = None
+        self._last = 0.0
+
+    def begin(self) -> None:
+        self._row = [0.0] * len(self.PHASES)
+        self._last = time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        if self._row is None:
+            return
+        now = time.perf_counter()
+        self._row[self.PHASES.index(phase)] += now - self._last
+        self._last = now
+
+    def end(self) -> None:
+        if self._row is None:
+            return
+        self.mark("other")
+        if self.count < self.MAX_RECORDED:
+            self.rows.extend(self._row)
+            self.ends.append(self._last)
+        self.totals = [total + value for total, value in zip(self.totals, self._row, strict=True)]
+        self.count += 1
+        self._row = None
+
+    @property
+    def steps(self) -> list[list[float]]:
+        width = len(self.PHASES)
+        return [list(self.rows[i : i + width]) for i in range(0, len(self.rows), width)]
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps({
+            "phases": list(self.PHASES), "steps": [[round(v, 7) for v in row] for row in self.steps],
+            "ends": [round(t, 7) for t in self.ends], "count": self.count,
+            "totals": [round(t, 6) for t in self.totals],
+        }))
+
+
+class _NoTimer(StepTimings):
+    def mark(self, phase: str) -> None:
+        return None
+
+
+_NO_TIMER = _NoTimer()
+
+
+@dataclass(frozen=True)
+class _PlannedStep:
+    """One training step's place: its epoch, its roots and where they stand in the epoch."""
+
+    epoch: int
+    position: int  # index into ``epoch_batches``
+    batch: torch.Tensor
+    epoch_batches: list[torch.Tensor]
+    drawn: torch.Tensor  # the root-order generator's state once this epoch's batches were drawn
+    index: int  # the release's index in its pass
+    last: bool  # the epoch's last non-empty batch
+
+
+_NOT_DRAWN = object()  # the step after the current one has not been looked at yet
+
+
+def _planned_steps(
+    train_ids: torch.Tensor, batch_size: int, epochs: int, batches: Batches, root_order: torch.Generator,
+    start: Position | None,
+) -> Iterator[_PlannedStep]:
+    """Every training step in order, from ``start`` if given. Lazily: an epoch's batches are
+    drawn from ``root_order`` (which nothing else reads) when its first step is looked at."""
+    first_epoch = start.epoch if start is not None else 0
+    for epoch in range(first_epoch, epochs):
+        if start is not None and epoch == start.epoch:
+            epoch_batches, first = start.batches, start.batch
+        else:
+            epoch_batches, first = batches(train_ids, batch_size, root_order), 0
+        drawn = root_order.get_state()
+        last = max((i for i, b in enumerate(epoch_batches) if b.numel()), default=-1)
+        index = sum(1 for b in epoch_batches[:first] if b.numel())  # the release's index in its pass
+        for position in range(first, len(epoch_batches)):
+            batch = epoch_batches[position]
+            if batch.numel() == 0:
+                continue
+            yield _PlannedStep(epoch, position, batch, epoch_batches, drawn, index, position == last)
+            index += 1
 
 
 class _Preparation:
@@ -220,6 +356,7 @@ class GraphPartyRun:
         self.journal: ReleaseJournal = self.files.journal()
         self.charges = 0  # ledger rows of this run so far
         self.checkpoint: Checkpoint | None = self.files.latest_checkpoint() if resume else None
+        self.step_timings = StepTimings()  # the main session's, saved as runs/<id>/step_timings.json
 
     # -- the run -------------------------------------------------------------------------------
     def execute(self) -> RunSummary:
@@ -596,15 +733,20 @@ class GraphPartyRun:
 
     def _charged_release(
         self, make: Callable[[torch.Tensor], torch.Tensor], roots: torch.Tensor, release: Release,
-        pass_id: str, kind: str, index: int,
+        pass_id: str, kind: str, index: int, timer: StepTimings | None = None,
     ) -> tuple[torch.Tensor, tensor_pb2.Tensor]:
         """The only way A makes a tensor for B: the extractor's release, the charge, and the
         journal entry (or, replayed on resume, the check against it). The caller sends the
         wire message only after this returns."""
+        timer = timer or _NO_TIMER
         embeddings = make(roots.to(self.device))
+        timer.mark("release")
         self.charge(roots, release, pass_id, kind, index)
+        timer.mark("charge")
         message = encode_tensor(embeddings, self.config.wire_dtype)
+        timer.mark("encode")
         self.journal.before_send(f"{pass_id}/{index}", message)
+        timer.mark("journal")
         return embeddings, message
 
     def _train_epochs(
@@ -612,58 +754,72 @@ class GraphPartyRun:
         optimizer: torch.optim.Optimizer | None, epochs: int, layers: int, pass_prefix: str, label: str,
         batches: Batches = shuffled_batches, record: GradientRecord | None = None,
         start: Position | None = None, checkpoint: Callable[[Position], None] | None = None,
+        prefetch: Callable[[torch.Tensor], None] | None = None, timings: StepTimings | None = None,
     ) -> None:
         """``epochs`` passes over the train roots on B's session ``session_id``, from ``start``
         (a checkpoint's position) if given; ``checkpoint`` is called (and B asked to save)
-        every ``checkpoint_every`` steps and after the last."""
+        every ``checkpoint_every`` steps and after the last.
+
+        ``prefetch(roots)`` (pipelining): called with step t+1's roots once step t is sent, so
+        A samples step t+1 while B computes step t. Sampling reads no parameter, and the
+        secret sampling generator is consumed in the same order either way, so the releases
+        are the same; no prefetch after a step that is checkpointed, whose checkpoint must
+        hold the sampling generator as it stands after that step. ``timings`` records where
+        each step's time goes."""
         cfg = self.config
         root_order = torch.Generator().manual_seed(cfg.seed)
         total = roots.steps_per_epoch * epochs
         shape_tail = (cfg.extractor.dim, layers)
-        step, first_epoch = 0, 0
+        step = 0
         if start is not None:
             root_order.set_state(start.root_order)
-            step, first_epoch = start.step, start.epoch
+            step = start.step
+        steps = _planned_steps(roots.train_ids, cfg.batch_size, epochs, batches, root_order, start)
+        timer = timings or StepTimings()
         stream = self.label_party.training()
         try:
-            for epoch in range(first_epoch, epochs):
-                if start is not None and epoch == start.epoch:
-                    epoch_batches, first = start.batches, start.batch
-                else:
-                    epoch_batches, first = batches(roots.train_ids, cfg.batch_size, root_order), 0
-                drawn = root_order.get_state()
-                last = max((i for i, b in enumerate(epoch_batches) if b.numel()), default=-1)
-                index = sum(1 for b in epoch_batches[:first] if b.numel())  # the release's index in its pass
-                for position in range(first, len(epoch_batches)):
-                    batch = epoch_batches[position]
-                    if batch.numel() == 0:
-                        continue
-                    if self.cancelled():
-                        raise Cancelled()
-                    save = checkpoint is not None and (
-                        (step + 1) % self.settings.checkpoint_every == 0 or (epoch == epochs - 1 and position == last)
-                    )
-                    embeddings, message = self._charged_release(
-                        make, batch, release, f"{pass_prefix}-{epoch}", "train", index
-                    )
-                    reply = stream.exchange(lp_pb.TrainStep(
-                        run_id=session_id, step=step, node_ids=batch.tolist(), embeddings=message, checkpoint=save,
-                    ))
-                    gradient = self._check_reply(reply, session_id, step, (batch.numel(), *shape_tail))
-                    if record is not None:
-                        record.add(epoch, batch, gradient)
-                    if optimizer is not None and embeddings.requires_grad:
-                        optimizer.zero_grad(set_to_none=True)
-                        embeddings.backward(gradient.to(self.device))
-                        optimizer.step()
-                    step += 1
-                    index += 1
-                    self.steps_done += 1
-                    if save:
-                        checkpoint(Position(step, epoch, position + 1, epoch_batches, drawn))
-                    self.report(ProgressEvent(
-                        "train", epoch + 1, epochs, step, total, reply.loss, self.epsilon_spent, label,
-                    ))
+            upcoming: _PlannedStep | None | object = next(steps, None)
+            while isinstance(upcoming, _PlannedStep):
+                current, upcoming = upcoming, _NOT_DRAWN
+                batch = current.batch
+                if self.cancelled():
+                    raise Cancelled()
+                timer.begin()
+                save = checkpoint is not None and (
+                    (step + 1) % self.settings.checkpoint_every == 0 or (current.epoch == epochs - 1 and current.last)
+                )
+                embeddings, message = self._charged_release(
+                    make, batch, release, f"{pass_prefix}-{current.epoch}", "train", current.index, timer
+                )
+                stream.send(lp_pb.TrainStep(
+                    run_id=session_id, step=step, node_ids=batch.tolist(), embeddings=message, checkpoint=save,
+                ))
+                timer.mark("send")
+                if prefetch is not None and not save:
+                    upcoming = next(steps, None)
+                    if upcoming is not None:
+                        prefetch(upcoming.batch)
+                    timer.mark("prefetch")
+                reply = stream.receive(step)
+                timer.mark("wait")
+                gradient = self._check_reply(reply, session_id, step, (batch.numel(), *shape_tail))
+                if record is not None:
+                    record.add(current.epoch, batch, gradient)
+                if optimizer is not None and embeddings.requires_grad:
+                    optimizer.zero_grad(set_to_none=True)
+                    embeddings.backward(gradient.to(self.device))
+                    optimizer.step()
+                timer.mark("update")
+                step += 1
+                self.steps_done += 1
+                if save:
+                    checkpoint(Position(step, current.epoch, current.position + 1, current.epoch_batches, current.drawn))
+                self.report(ProgressEvent(
+                    "train", current.epoch + 1, epochs, step, total, reply.loss, self.epsilon_spent, label,
+                ))
+                timer.end()
+                if upcoming is _NOT_DRAWN:
+                    upcoming = next(steps, None)
         finally:
             stream.close()
 
@@ -698,7 +854,9 @@ class GraphPartyRun:
             self.config.epochs, extractor.output_layers, "train", "",
             getattr(extractor, "root_batches", shuffled_batches), self.gradients,
             start, lambda position: self._save_checkpoint(position, extractor, optimizer),
+            getattr(extractor, "prefetch", None) if pipelining() else None, self.step_timings,
         )
+        self.step_timings.save(self._run_dir() / STEP_TIMINGS_FILE)
 
     # -- checkpoints and resuming (party_a.run_checkpoint, docs/faults.md) ----------------------
     def _save_resume_record(self, release: Release) -> None:

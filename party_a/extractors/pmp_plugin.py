@@ -28,7 +28,7 @@ from vesper.party_a.extractors.base import (
 from vesper.party_a.extractors.pmp import PmpExtractor
 from vesper.party_a.extractors.sensitivity import charge_rule
 from vesper.party_a.graph_store import Graph
-from vesper.party_a.sampler import NeighbourSampler, edgeless_subgraph
+from vesper.party_a.sampler import NeighbourSampler, SampledSubgraph, edgeless_subgraph
 
 _SHARED = ("layers", "dim", "encoder_hidden", "dropout", "spectral_norm", "noise_multiplier")
 _GRAPH = ("fanout", "degree_bound")
@@ -58,6 +58,8 @@ class _PmpPlugin(ExtractorBase):
             ).to(setup.device)
         self.noise_std = 0.0
         self.sensitivity = 0.0
+        # the next release's sample, drawn ahead by ``prefetch``: (its roots, (subgraph, capped degree))
+        self._prefetched: tuple[torch.Tensor, tuple[SampledSubgraph, torch.Tensor | None]] | None = None
 
     def capped_degree(self, graph: Graph) -> torch.Tensor:
         """d̂ = min(degree, D) of the graph a release reads (GCN's coefficients)."""
@@ -116,6 +118,11 @@ class _PmpPlugin(ExtractorBase):
     # -- what it releases -------------------------------------------------------------------
     def release(self, roots: torch.Tensor, kind: ReleaseKind) -> torch.Tensor:
         """PMP over the roots' subgraphs (Algorithm 1): the pre-charge B x d x L."""
+        subgraph, capped_degree = self._take_prefetched(roots) or self._sample(roots)
+        return self.model(subgraph, self.setup.features, self.noise_std, self.setup.noise_generator, capped_degree)
+
+    def _sample(self, roots: torch.Tensor) -> tuple[SampledSubgraph, torch.Tensor | None]:
+        """The release's reads of the graph: all its draws from A's secret sampling generator."""
         layers = self.setup.config.extractor.layers
         sampler, capped_degree = self.sampler, None
         if self.edge_subsampler is not None:
@@ -124,10 +131,29 @@ class _PmpPlugin(ExtractorBase):
             sampler = NeighbourSampler(graph, self.fanout, layers)
             capped_degree = self.capped_degree(graph)
         if sampler is None:
-            subgraph = edgeless_subgraph(roots, layers)
-        else:
-            subgraph = sampler.sample(roots, sampler.layer_seeds(self.setup.sampling_generator))
-        return self.model(subgraph, self.setup.features, self.noise_std, self.setup.noise_generator, capped_degree)
+            return edgeless_subgraph(roots, layers), None
+        return sampler.sample(roots, sampler.layer_seeds(self.setup.sampling_generator)), capped_degree
+
+    # -- pipelining (party_a.trainer): sampling reads no parameter -----------------------------
+    def prefetch(self, roots: torch.Tensor) -> None:
+        """Sample now what the next ``release(roots, ...)`` would sample, so that the trainer
+        samples step t+1 while B computes step t. Exact: the sample depends only on the roots
+        and A's sampling generator, which is consumed in the same order as without prefetching
+        (the next release must be of exactly these roots, else RuntimeError). Noise is still
+        drawn in ``release``, in step order."""
+        if self._prefetched is not None:
+            raise RuntimeError("a prefetched sample is still unused: prefetching again would reorder the sampling")
+        roots = roots.to(self.setup.device)
+        self._prefetched = (roots, self._sample(roots))
+
+    def _take_prefetched(self, roots: torch.Tensor) -> tuple[SampledSubgraph, torch.Tensor | None] | None:
+        if self._prefetched is None:
+            return None
+        expected, sampled = self._prefetched
+        self._prefetched = None
+        if expected is not roots and not torch.equal(expected, roots.to(expected.device)):
+            raise RuntimeError("the release's roots differ from the prefetched ones: the sampling order would change")
+        return sampled
 
 
 class MlpPlugin(_PmpPlugin):

@@ -1,0 +1,317 @@
+"""`vesper bench perf` (coordinator/perf/): pipelining is exact, the report writer, and the cheap
+parts of the figure sources. The benchmark itself is never run here.
+
+1. Pipelining (party A samples step t+1 while B computes step t) changes nothing a run
+   produces: the same releases (the journal's SHA-256 of every tensor sent), the same ledger
+   rows, the same summary and final parameters of both parties; and at the extractor level
+   the same release sequence on random graphs, secret edge subsampling and two layers included.
+2. The report: every figure with its goal and verdict, what bounds a missed goal, a source
+   that is missing or fails reported instead of ending the command.
+3. The measurement helpers: percentiles, steady-state rates, bytes per step, the seed-noise
+   verdict, the one-process loop and in-process charges on a real ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import random_graph
+from rich.console import Console
+from typer.testing import CliRunner
+
+from vesper.accountant.ledger_store import LedgerStore
+from vesper.common.config import RunConfig
+from vesper.coordinator.in_process import InProcessCluster
+from vesper.coordinator.perf import command as perf
+from vesper.coordinator.perf.accountant_latency import WARMUP, counted_split, paced_commits, percentile
+from vesper.coordinator.perf.accountant_latency import in_process as charges_in_process
+from vesper.coordinator.perf.figures import PerfFigure
+from vesper.coordinator.perf.throughput import ThroughputOptions, one_process_rate, steady_rate
+from vesper.coordinator.perf.wire_bytes import bytes_per_step, framed, within_seed_noise
+from vesper.party_a.extractors.base import ExtractorSetup
+from vesper.party_a.extractors.pmp_plugin import PmpGcnPlugin, PmpGinPlugin, _PmpPlugin
+from vesper.party_a.trainer import PIPELINE_ENV, STEP_TIMINGS_FILE, StepTimings
+
+VOLATILE = {"run_id", "seconds", "status_url"}
+
+
+# -- 1. pipelining is exact -------------------------------------------------------------------
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _run(cluster: InProcessCluster, pipelined: bool, monkeypatch: pytest.MonkeyPatch) -> tuple:
+    monkeypatch.setenv(PIPELINE_ENV, "1" if pipelined else "0")  # read by A when its run trains
+    config = RunConfig.model_validate({
+        "dataset": "cora", "epochs": 2, "seed": 3, "privacy": {"epsilon": 4.0}, "extractor": {"name": "pmp-gcn"},
+    })
+    summary = cluster.drive(config)
+    store = LedgerStore(cluster.ledger)
+    try:
+        rows = [row.model_dump(exclude={"run_id", "created_at"}) for row in store.charges(summary.run_id)]
+    finally:
+        store.close()
+    run_a = cluster.workdir / "party_a" / "runs" / summary.run_id
+    parameters = torch.load(run_a / "extractor.pt", weights_only=False)["extractor"]
+    decoder = torch.load(cluster.workdir / "party_b" / "runs" / summary.run_id / "decoder.pt", weights_only=False)["decoder"]
+    timings = (run_a / STEP_TIMINGS_FILE).read_text()
+    return summary, rows, (run_a / "releases.jsonl").read_text(), {**parameters, **decoder}, timings
+
+
+def test_pipelining_changes_no_release_no_charge_and_no_parameter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_thread: None
+) -> None:
+    prefetches: list[int] = []
+    prefetch = _PmpPlugin.prefetch
+
+    def counted(self: _PmpPlugin, roots: torch.Tensor) -> None:
+        prefetches.append(roots.numel())
+        prefetch(self, roots)
+
+    monkeypatch.setattr(_PmpPlugin, "prefetch", counted)
+    # checkpoints every 5 steps: the steps before them are not prefetched (their checkpoint holds
+    # the sampling generator as it stands after them), the others are
+    with InProcessCluster(tmp_path, party_a={"secret_seed": 7, "checkpoint_every": 5}, party_b={"secret_seed": 9}) as cluster:
+        summary_s, rows_s, journal_s, parameters_s, _ = _run(cluster, False, monkeypatch)
+        assert prefetches == []
+        summary_p, rows_p, journal_p, parameters_p, timings = _run(cluster, True, monkeypatch)
+    assert summary_p.status == summary_s.status == "completed"
+    steps = summary_p.steps
+    assert steps == 2 * math.ceil(1354 / 256)
+    # every step but the last and those checkpointed (steps 5 and 10) sampled its successor ahead,
+    # across the epoch boundary too
+    assert len(prefetches) == steps - 1 - 2
+    assert summary_p.model_dump(exclude=VOLATILE) == summary_s.model_dump(exclude=VOLATILE)
+    assert journal_p == journal_s and journal_p.count("\n") == steps + 2  # every tensor sent, bit for bit
+    assert rows_p == rows_s
+    assert parameters_p.keys() == parameters_s.keys()
+    assert all(torch.equal(parameters_p[k], parameters_s[k]) for k in parameters_p)
+    assert '"prefetch"' in timings
+
+
+def _plugin(cls: type, graph, layers: int, edge_rate: float | None) -> _PmpPlugin:
+    config = RunConfig.model_validate({
+        "extractor": {"name": cls.spec.name, "layers": layers, "fanout": 3},
+        "privacy": {"edge_sample_rate": edge_rate},
+    })
+    setup = ExtractorSetup(
+        config=config, params=cls.spec.params(), graph=graph,
+        features=torch.rand(graph.num_nodes, 8, generator=torch.Generator().manual_seed(0)), device=torch.device("cpu"),
+        sampling_generator=torch.Generator().manual_seed(1), noise_generator=torch.Generator().manual_seed(2), delta=1e-3,
+    )
+    plugin = cls(setup)
+    plugin.bind(1.0)
+    plugin.noise_std = 0.5  # noise on, so the noise generator's order is checked too
+    return plugin
+
+
+@pytest.mark.parametrize(("cls", "layers", "edge_rate"), [(PmpGcnPlugin, 1, None), (PmpGinPlugin, 2, 0.4)])
+def test_a_prefetched_sample_is_the_sample_the_release_would_draw(
+    cls: type, layers: int, edge_rate: float | None, one_thread: None
+) -> None:
+    rng = random.Random(5)
+    graph = random_graph(rng, 120, 0.06)
+    batches = [torch.tensor(rng.sample(range(120), 17)) for _ in range(6)]
+    plain, ahead = _plugin(cls, graph, layers, edge_rate), _plugin(cls, graph, layers, edge_rate)
+    expected = [plain.release(batch, "train") for batch in batches]
+    got = []
+    for i, batch in enumerate(batches):
+        got.append(ahead.release(batch, "train"))
+        if i + 1 < len(batches):
+            ahead.prefetch(batches[i + 1])
+    assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
+    for name in ("sampling_generator", "noise_generator"):
+        assert torch.equal(getattr(plain.setup, name).get_state(), getattr(ahead.setup, name).get_state())
+
+
+def test_a_prefetch_out_of_order_is_refused(one_thread: None) -> None:
+    graph = random_graph(random.Random(2), 60, 0.1)
+    plugin = _plugin(PmpGcnPlugin, graph, 1, None)
+    plugin.prefetch(torch.tensor([1, 2, 3]))
+    with pytest.raises(RuntimeError, match="prefetched sample is still unused"):
+        plugin.prefetch(torch.tensor([4, 5]))
+    with pytest.raises(RuntimeError, match="differ from the prefetched ones"):
+        plugin.release(torch.tensor([4, 5, 6]), "train")
+
+
+def test_step_timings_add_up_per_phase_and_keep_a_bounded_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(StepTimings, "MAX_RECORDED", 2)  # a long run keeps the first steps and the totals
+    timings = StepTimings()
+    for _ in range(3):
+        timings.begin()
+        timings.mark("release")
+        timings.mark("wait")
+        timings.end()
+    timings.mark("release")  # outside a step: ignored
+    timings.save(tmp_path / "t.json")
+    saved = json.loads((tmp_path / "t.json").read_text())
+    assert saved["phases"] == list(StepTimings.PHASES) and len(saved["steps"]) == len(saved["ends"]) == 2
+    assert saved["count"] == 3 and len(saved["totals"]) == len(StepTimings.PHASES)
+    assert all(len(row) == len(StepTimings.PHASES) and min(row) >= 0 for row in saved["steps"])
+    assert saved["ends"] == sorted(saved["ends"])
+    assert saved["totals"][StepTimings.PHASES.index("wait")] >= sum(row[6] for row in saved["steps"]) - 1e-6
+
+
+# -- 2. the report ----------------------------------------------------------------------------
+def _figures() -> list[PerfFigure]:
+    return [
+        PerfFigure(name="ratio met", value=0.93, unit="x", measured="41.2 vs 44.3 steps/s", goal=">= 0.85",
+                   passed=True, direction="higher", command="vesper bench perf --only throughput"),
+        PerfFigure(name="latency missed", value=7.5, unit="ms", measured="p50 2 ms", goal="p99 < 5 ms", passed=False,
+                   direction="lower", bound="cProfile of the charges:\n   ncalls  tottime\n      169    1.0 spent"),
+        PerfFigure(name="reported only", value=58346.0, unit="bytes", measured="per step"),
+    ]
+
+
+def _report(outcomes: list[perf.SourceOutcome], quick: bool = False) -> perf.PerfReport:
+    return perf.PerfReport(
+        command="vesper bench perf --quick", started_at="2030-01-01 00:00 UTC", seconds=12.0,
+        machine=perf.Machine.here(), load_before=(1.0, 2.0, 3.0), load_after=(1.5, 2.0, 3.0), quick=quick,
+        outcomes=outcomes,
+    )
+
+
+def test_the_document_holds_machine_command_goals_verdicts_and_bounds(tmp_path: Path) -> None:
+    report = _report([
+        perf.SourceOutcome(source="throughput", what="two-party against one process", figures=_figures(), seconds=3),
+        perf.SourceOutcome(source="scale", what="1M nodes", error="not available: vesper.coordinator.perf.scale (ImportError)"),
+    ], quick=True)
+    path = perf.write_report(report, tmp_path / "docs" / "performance.md")
+    text = path.read_text()
+    assert not (tmp_path / "docs" / "performance.md.tmp").exists()
+    for expected in (
+        "`vesper bench perf --quick`", report.machine.cpu_model, f"{report.machine.cores} cores", "load average before",
+        "1.00 / 2.00 / 3.00", "1 of 2 goals met", "| ratio met | 0.93× | >= 0.85 | pass |",
+        "| latency missed | 7.5 ms | p99 < 5 ms | **FAIL** |", "| reported only | 5.835e+04 bytes | - | reported |",
+        "**What bounds it:**", "```\n   ncalls  tottime", "41.2 vs 44.3 steps/s", "`vesper bench perf --only throughput`",
+        "not available: vesper.coordinator.perf.scale", "**`--quick`**", "exits 0",
+    ):
+        assert expected in text, expected
+    console = Console(record=True, width=200)
+    perf.print_table(report, console)
+    printed = console.export_text()
+    assert "FAIL" in printed and "1 of 2 goals met; missed: latency missed" in printed
+    assert "source(s) gave no figures" in printed
+
+
+def _fake_module(monkeypatch: pytest.MonkeyPatch, **functions: object) -> str:
+    module = types.ModuleType("vesper_fake_perf")
+    for name, function in functions.items():
+        setattr(module, name, function)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    return module.__name__
+
+
+def test_a_missing_or_failing_source_is_reported_and_the_others_still_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: dict[str, object] = {}
+
+    def good(quick: bool = False, workdir: Path | None = None) -> list[PerfFigure]:
+        seen.update(quick=quick, workdir=workdir)
+        return _figures()[:1]
+
+    def broken(quick: bool = False) -> list[PerfFigure]:
+        raise ZeroDivisionError("no steps were timed")
+
+    def sampler(dataset_path: Path, repeats: int = 5) -> list[PerfFigure]:
+        seen.update(dataset_path=dataset_path, repeats=repeats)
+        return []
+
+    name = _fake_module(monkeypatch, good=good, broken=broken, sampler_figures=sampler)
+    context = perf.RunContext(quick=True, workdir=tmp_path, tolokers=tmp_path / "tolokers.npz")
+    ok = perf.run_source(perf.Source("throughput", name, "good", "good"), context)
+    assert ok.error == "" and [f.name for f in ok.figures] == ["ratio met"]
+    assert seen == {"quick": True, "workdir": tmp_path / "throughput"}
+    failed = perf.run_source(perf.Source("wire", name, "broken", "broken"), context)
+    assert failed.figures == [] and failed.error.startswith("failed: ZeroDivisionError: no steps were timed")
+    missing = perf.run_source(perf.Source("scale", "vesper_no_such_module", "scale_figures", "scale"), context)
+    assert missing.error.startswith("not available: vesper_no_such_module.scale_figures (ModuleNotFoundError")
+    no_data = perf.run_source(perf.Source("sampler", name, "sampler_figures", "sampler"), context)
+    assert no_data.error.startswith("not measured: Tolokers not found at")
+    (tmp_path / "tolokers.npz").write_bytes(b"")
+    assert perf.run_source(perf.Source("sampler", name, "sampler_figures", "sampler"), context).error == ""
+    assert seen["dataset_path"] == tmp_path / "tolokers.npz" and seen["repeats"] == 1
+
+
+def test_the_command_writes_the_report_and_exits_0_with_a_missed_goal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vesper.coordinator.cli import app
+
+    name = _fake_module(monkeypatch, figures=lambda quick=False: _figures())
+    monkeypatch.setattr(perf, "SOURCES", (perf.Source("throughput", name, "figures", "fake"),))
+    out = tmp_path / "performance.md"
+    result = CliRunner().invoke(
+        app, ["bench", "perf", "--quick", "--only", "throughput", "--out", str(out), "--workdir", str(tmp_path / "work")]
+    )
+    assert result.exit_code == 0, result.output
+    assert "**FAIL**" in out.read_text() and "latency missed" in out.read_text()
+    result = CliRunner().invoke(app, ["bench", "perf", "--only", "nonsense", "--out", str(out)])
+    assert result.exit_code != 0 and "unknown source(s) nonsense" in result.output
+
+
+# -- 3. the measurement helpers ---------------------------------------------------------------
+def test_percentile_and_steady_rate() -> None:
+    values = [random.Random(3).random() for _ in range(101)]
+    for q in (0, 50, 99, 100):
+        assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+    assert steady_rate([1.0, 2.0, 2.5, 3.0, 3.5], 1) == (4 / 2.5, 4)
+    with pytest.raises(ValueError, match="warm-up"):
+        steady_rate([1.0, 2.0], 2)
+
+
+def test_bfloat16_halves_the_tensor_bytes_of_a_step() -> None:
+    sizes = bytes_per_step("cora")
+    (wire32, tensor32), (wire16, tensor16) = sizes["float32"], sizes["bfloat16"]
+    assert tensor16 / tensor32 == 0.5
+    assert 0.5 < wire16 / wire32 < 0.51  # node ids and framing do not shrink
+    assert tensor32 == pytest.approx(2 * 4 * 64 * 1354 / 6)  # release + gradient, mean over the epoch
+    assert framed(0) == 5 + 9 and framed(16_384) == 16_389 + 2 * 9
+
+
+def test_the_seed_noise_verdict() -> None:
+    same, difference, _, p_value = within_seed_noise([0.72, 0.74, 0.73], [0.725, 0.735, 0.73])
+    assert same and abs(difference) < 1e-9 + 0.001 and p_value > 0.5
+    moved, difference, spread, p_value = within_seed_noise([0.72, 0.721, 0.722], [0.70, 0.701, 0.702])
+    assert not moved and difference == pytest.approx(-0.02) and spread < 0.002 and p_value < 0.05
+
+
+def test_the_one_process_loop_trains_and_charges_each_step(tmp_path: Path, one_thread: None) -> None:
+    options = ThroughputOptions(epochs=2, warmup_steps=2, repeats=1)
+    from vesper.common.dataset_files import resolve_dataset
+
+    rate = one_process_rate(options, resolve_dataset("cora"), tmp_path, charged=True)
+    assert rate.steps_per_second > 0 and rate.timed_steps == 2 * 6 - 2
+    assert set(rate.phases) == {"release", "charge", "label party", "update"}
+    assert all(len(v) == rate.timed_steps for v in rate.phases.values())
+    ledgers = list(tmp_path.glob("ledger-*.sqlite"))
+    store = LedgerStore(ledgers[0])
+    try:
+        assert len(store.charges("one-process")) == 12
+    finally:
+        store.close()
+
+
+def test_in_process_charges_are_timed_and_profiled(tmp_path: Path) -> None:
+    charges, commits, profile = charges_in_process(tmp_path, 20)
+    assert len(charges) == 20 and len(commits) == 20 and min(charges) > 0
+    assert "ncalls" in profile and "charge" in profile
+    assert len(paced_commits(tmp_path / "paced", 3, 0.001)) == 3
+    # timed charges start after the warm-up: the first of each pass of 6 is counted
+    counted, free = counted_split([float(i) for i in range(12)], 1)
+    assert counted == [float(i) for i in range(12) if (WARMUP + i) % 6 == 0] and len(counted) + len(free) == 12
+    assert counted_split([1.0, 2.0], None) == ([1.0, 2.0], [])
