@@ -557,3 +557,18 @@ def test_install_script_in_a_fresh_venv_serves_and_answers_health(tmp_path: Path
         server.terminate()
         server.wait(timeout=30)
         log.close()
+
+
+def test_every_python_package_of_the_tree_is_installed_by_pyproject() -> None:
+    """A subpackage missing from [tool.setuptools] packages works in the editable install and
+    is absent from a real one (the images' install): `vesper` would not start there."""
+    import tomllib
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
+    found = set()
+    for package, folder in setuptools["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            relative = init.parent.relative_to(ROOT / folder)
+            found.add(".".join([package, *relative.parts]))
+    assert found <= listed, f"not in pyproject's packages: {sorted(found - listed)}"
