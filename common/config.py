@@ -272,6 +272,14 @@ class RunConfig(_Model):
         return self
 
 
+# services sharing a few cores each with torch's default (one thread per core) spin against
+# each other: an epoch on a 1M-node graph took 777 s so on 2 cores, 54 s with 1 thread each
+TORCH_THREADS = (
+    "torch intra-op threads of this service, set when it starts (`vesper serve`); unset = torch's "
+    "default, one per core. Set it when services share cores"
+)
+
+
 class TlsConfig(_Model):
     """Mutual TLS for one service: its own certificate and key, and the CA that signed every
     party's certificate (``vesper certs`` makes all of them). A peer without a certificate
@@ -309,6 +317,10 @@ class PartyAConfig(_Model):
         60.0, ge=0, description="how long A retries the accountant on transient errors, with backoff, before the run is interrupted"
     )
     tls: TlsConfig | None = Field(None, description="mutual TLS to party B, the accountant and the coordinator; unset = plaintext (loopback only)")
+    pipeline: bool = Field(
+        True, description="sample step t+1 while B computes step t; exact: the same releases either way"
+    )
+    torch_threads: int | None = Field(None, ge=1, description=TORCH_THREADS)
 
 
 class PartyBConfig(_Model):
@@ -339,6 +351,7 @@ class PartyBConfig(_Model):
         description="seed of B's label-privacy randomness; unset = fresh OS randomness. Tests only: A must never learn it.",
     )
     tls: TlsConfig | None = Field(None, description="mutual TLS to party A and the accountant; unset = plaintext (loopback only)")
+    torch_threads: int | None = Field(None, ge=1, description=TORCH_THREADS)
 
 
 class AccountantConfig(_Model):

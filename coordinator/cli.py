@@ -309,7 +309,7 @@ def serve(
     service: Service = typer.Argument(..., help="Which service to run."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file with the service's section."),
     listen: Optional[str] = typer.Option(None, "--listen", help="Override the gRPC listen address host:port."),
-    ready_file: Optional[Path] = typer.Option(None, "--ready-file", help="Write the bound ports here as JSON once serving."),
+    ready_file: Optional[Path] = typer.Option(None, "--ready-file", help="Write the bound ports (and torch threads) here as JSON once serving."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
 ) -> None:
     """Run party A, party B or the accountant until SIGINT/SIGTERM."""

@@ -24,7 +24,7 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +92,6 @@ class Checkpoint:
     charges: int  # ledger rows of the run when it was taken
     epsilon_spent: float
     steps_done: int
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class ReleaseJournal:

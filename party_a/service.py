@@ -23,6 +23,7 @@ from vesper.common.charge_token import TokenError, read_token
 from vesper.common.config import PartyAConfig, RunConfig
 from vesper.common.dataset_files import DatasetError, resolve_dataset
 from vesper.common.grpc_server import start_server, wait_for_signal, write_ready_file
+from vesper.common.torch_threads import apply_torch_threads
 from vesper.party_a.extractors.registry import lookup, validated_params
 from vesper.party_a.peers import AccountantClient, LabelPartyClient
 from vesper.party_a.run_checkpoint import ResumeError, RunFiles, check_resumable
@@ -153,12 +154,13 @@ class GraphPartyService(pb_grpc.GraphPartyServicer):
 
 
 def serve(settings: PartyAConfig, ready_file: Path | None = None) -> None:
+    threads = apply_torch_threads(settings.torch_threads)  # before any tensor work
     name = pb.DESCRIPTOR.services_by_name["GraphParty"].full_name
     server, port = start_server(
         settings.listen, [(pb_grpc.add_GraphPartyServicer_to_server, GraphPartyService(settings), name)],
         settings.max_message_mb, tls=settings.tls, tls_setting="party_a.tls",
     )
-    log.info("party A serving on port %d (device %s); party B at %s, accountant at %s",
-             port, settings.device, settings.label_party, settings.accountant)
-    write_ready_file(ready_file, grpc_port=port)
+    log.info("party A serving on port %d (device %s, %d torch threads); party B at %s, accountant at %s",
+             port, settings.device, threads, settings.label_party, settings.accountant)
+    write_ready_file(ready_file, grpc_port=port, torch_threads=threads)
     wait_for_signal(lambda: server.stop(grace=5).wait())

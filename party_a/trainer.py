@@ -8,7 +8,7 @@
     train    per step: the extractor releases the batch's B x d x L', A charges it, sends
              it to B, receives dLoss/dH and updates what the extractor trains; while B
              computes, A samples the next step's subgraph (pipelining: sampling reads no
-             parameter, so the releases are the same; ``VESPER_PIPELINE=0`` turns it off)
+             parameter, so the releases are the same; ``pipeline = false`` in [party_a] turns it off)
     evaluate per chunk of validation/test nodes: release, charge, send; B returns metrics
 
 Nothing leaves A before the accountant has committed its charge, and a refused
@@ -20,13 +20,11 @@ calibrated run ends with ε spent = the calibrated ε ≤ budget.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 import time
 import uuid
-from array import array
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,6 +73,8 @@ from vesper.party_a.peers import (
     PeerLost,
 )
 from vesper.party_a.run_checkpoint import Checkpoint, Position, ReleaseJournal, ResumeError, RunFiles
+from vesper.party_a.step_timings import _NO_TIMER, STEP_TIMINGS_FILE, StepTimings
+from vesper.proto.v1 import accountant_pb2 as acc_pb
 from vesper.proto.v1 import label_party_pb2 as lp_pb
 from vesper.proto.v1 import tensor_pb2
 
@@ -162,88 +162,6 @@ def _secret_generators(settings: PartyAConfig, run_seed: int, device: torch.devi
     return sampling, noise
 
 
-STEP_TIMINGS_FILE = "step_timings.json"
-PIPELINE_ENV = "VESPER_PIPELINE"
-
-
-def pipelining() -> bool:
-    """Whether A samples step t+1 while B computes step t (the default: it is exact).
-    ``VESPER_PIPELINE=0`` turns it off, for measuring what it gains (``vesper bench perf``)."""
-    return os.environ.get(PIPELINE_ENV, "1") != "0"
-
-
-class StepTimings:
-    """Where each training step's time goes at party A, in seconds per phase:
-
-    release   the extractor's release (sampling unless prefetched, encoder, PMP, noise)
-    charge    the write-ahead charge (the accountant's RPC, its SQLite commit)
-    encode    the release as a wire tensor
-    journal   its digest appended to releases.jsonl and synced
-    send      handing the step to gRPC's thread
-    prefetch  sampling the next step while B computes (pipelining)
-    wait      until B's answer arrived (B's decode, loss, update, encode; transport both ways)
-    update    the gradient checked, back-propagated, the optimiser stepped
-    other     checkpoint, progress report
-
-    ``ends`` holds each step's end on A's monotonic clock, for steady-state rates. The first
-    ``MAX_RECORDED`` steps are kept one by one (a flat array: a long run's memory stays flat),
-    and every step adds to the per-phase totals.
-    """
-
-    PHASES = ("release", "charge", "encode", "journal", "send", "prefetch", "wait", "update", "other")
-    MAX_RECORDED = 5000
-
-    def __init__(self) -> None:
-        self.rows = array("d")  # MAX_RECORDED x len(PHASES) at most, row-major
-        self.ends = array("d")
-        self.totals = [0.0] * len(self.PHASES)
-        self.count = 0
-        self._row: list[float] | None = None
-        self._last = 0.0
-
-    def begin(self) -> None:
-        self._row = [0.0] * len(self.PHASES)
-        self._last = time.perf_counter()
-
-    def mark(self, phase: str) -> None:
-        if self._row is None:
-            return
-        now = time.perf_counter()
-        self._row[self.PHASES.index(phase)] += now - self._last
-        self._last = now
-
-    def end(self) -> None:
-        if self._row is None:
-            return
-        self.mark("other")
-        if self.count < self.MAX_RECORDED:
-            self.rows.extend(self._row)
-            self.ends.append(self._last)
-        self.totals = [total + value for total, value in zip(self.totals, self._row, strict=True)]
-        self.count += 1
-        self._row = None
-
-    @property
-    def steps(self) -> list[list[float]]:
-        width = len(self.PHASES)
-        return [list(self.rows[i : i + width]) for i in range(0, len(self.rows), width)]
-
-    def save(self, path: Path) -> None:
-        path.write_text(json.dumps({
-            "phases": list(self.PHASES), "steps": [[round(v, 7) for v in row] for row in self.steps],
-            "ends": [round(t, 7) for t in self.ends], "count": self.count,
-            "totals": [round(t, 6) for t in self.totals],
-        }))
-
-
-class _NoTimer(StepTimings):
-    def mark(self, phase: str) -> None:
-        return None
-
-
-_NO_TIMER = _NoTimer()
-
-
 @dataclass(frozen=True)
 class _PlannedStep:
     """One training step's place: its epoch, its roots and where they stand in the epoch."""
@@ -255,6 +173,12 @@ class _PlannedStep:
     drawn: torch.Tensor  # the root-order generator's state once this epoch's batches were drawn
     index: int  # the release's index in its pass
     last: bool  # the epoch's last non-empty batch
+
+
+@dataclass(frozen=True)
+class _PendingCharge:
+    key: str
+    future: Future[acc_pb.ChargeReceipt]
 
 
 _NOT_DRAWN = object()  # the step after the current one has not been looked at yet
@@ -724,24 +648,55 @@ class GraphPartyRun:
     # -- releases ----------------------------------------------------------------------------
     def charge(self, roots: torch.Tensor, release: Release, pass_id: str, kind: str, index: int) -> None:
         """The write-ahead charge: returns only once the accountant has committed it."""
-        receipt = self.accountant.charge(
+        self._count_receipt(self._commit_charge(roots, release, pass_id, kind, index))
+
+    def _commit_charge(
+        self, roots: torch.Tensor, release: Release, pass_id: str, kind: str, index: int
+    ) -> acc_pb.ChargeReceipt:
+        """The Charge RPC alone (thread-safe: ``_charge_ahead`` runs it on a worker thread)."""
+        return self.accountant.charge(
             self.run_id, f"{pass_id}/{index}", pass_id, kind, roots.numel(), nodes_digest(roots),
             release.event_json(kind),
         )
+
+    def _count_receipt(self, receipt: acc_pb.ChargeReceipt) -> None:
         self.epsilon_spent = receipt.epsilon_spent
         self.charges = max(self.charges, receipt.seq + 1)
+
+    def _charge_ahead(
+        self, worker: ThreadPoolExecutor, roots: torch.Tensor, release: Release, pass_id: str, index: int
+    ) -> _PendingCharge:
+        """Start step t+1's write-ahead charge while B computes step t.
+
+        A charge names the release's roots, key and DpEvent, never its values, so it can be
+        committed before the release is computed; ``_charged_release`` waits for the receipt
+        before anything of the release is encoded or sent, so every release is still charged
+        before it leaves A. The one difference: a run that stops after this call and before
+        step t+1 is sent holds a charge for a release B never receives (over-counted, never
+        under-counted; a resume sends it under that charge). docs/faults.md.
+        """
+        future = worker.submit(self._commit_charge, roots, release, pass_id, "train", index)
+        return _PendingCharge(f"{pass_id}/{index}", future)
 
     def _charged_release(
         self, make: Callable[[torch.Tensor], torch.Tensor], roots: torch.Tensor, release: Release,
         pass_id: str, kind: str, index: int, timer: StepTimings | None = None,
+        charged: _PendingCharge | None = None,
     ) -> tuple[torch.Tensor, tensor_pb2.Tensor]:
         """The only way A makes a tensor for B: the extractor's release, the charge, and the
         journal entry (or, replayed on resume, the check against it). The caller sends the
-        wire message only after this returns."""
+        wire message only after this returns. ``charged``: this release's charge, started
+        ahead (``_charge_ahead``); it is waited for here, before anything is encoded."""
         timer = timer or _NO_TIMER
+        key = f"{pass_id}/{index}"
+        if charged is not None and charged.key != key:
+            raise RuntimeError(f"the charge started ahead is for {charged.key}, not for the release {key}")
         embeddings = make(roots.to(self.device))
         timer.mark("release")
-        self.charge(roots, release, pass_id, kind, index)
+        if charged is None:
+            self.charge(roots, release, pass_id, kind, index)
+        else:
+            self._count_receipt(charged.future.result())
         timer.mark("charge")
         message = encode_tensor(embeddings, self.config.wire_dtype)
         timer.mark("encode")
@@ -764,8 +719,9 @@ class GraphPartyRun:
         A samples step t+1 while B computes step t. Sampling reads no parameter, and the
         secret sampling generator is consumed in the same order either way, so the releases
         are the same; no prefetch after a step that is checkpointed, whose checkpoint must
-        hold the sampling generator as it stands after that step. ``timings`` records where
-        each step's time goes."""
+        hold the sampling generator as it stands after that step. With prefetching, step t+1's
+        charge is also committed while B computes step t (``_charge_ahead``). ``timings``
+        records where each step's time goes."""
         cfg = self.config
         root_order = torch.Generator().manual_seed(cfg.seed)
         total = roots.steps_per_epoch * epochs
@@ -777,6 +733,8 @@ class GraphPartyRun:
         steps = _planned_steps(roots.train_ids, cfg.batch_size, epochs, batches, root_order, start)
         timer = timings or StepTimings()
         stream = self.label_party.training()
+        worker = ThreadPoolExecutor(1, thread_name_prefix="charge-ahead") if prefetch is not None else None
+        pending: _PendingCharge | None = None
         try:
             upcoming: _PlannedStep | None | object = next(steps, None)
             while isinstance(upcoming, _PlannedStep):
@@ -789,15 +747,20 @@ class GraphPartyRun:
                     (step + 1) % self.settings.checkpoint_every == 0 or (current.epoch == epochs - 1 and current.last)
                 )
                 embeddings, message = self._charged_release(
-                    make, batch, release, f"{pass_prefix}-{current.epoch}", "train", current.index, timer
+                    make, batch, release, f"{pass_prefix}-{current.epoch}", "train", current.index, timer, pending
                 )
+                pending = None
                 stream.send(lp_pb.TrainStep(
                     run_id=session_id, step=step, node_ids=batch.tolist(), embeddings=message, checkpoint=save,
                 ))
                 timer.mark("send")
-                if prefetch is not None and not save:
+                if prefetch is not None and worker is not None and not save:
                     upcoming = next(steps, None)
                     if upcoming is not None:
+                        if not self.cancelled():
+                            pending = self._charge_ahead(
+                                worker, upcoming.batch, release, f"{pass_prefix}-{upcoming.epoch}", upcoming.index
+                            )
                         prefetch(upcoming.batch)
                     timer.mark("prefetch")
                 reply = stream.receive(step)
@@ -821,6 +784,10 @@ class GraphPartyRun:
                 if upcoming is _NOT_DRAWN:
                     upcoming = next(steps, None)
         finally:
+            if pending is not None:
+                pending.future.exception()  # let an unfinished charge settle before the run is closed
+            if worker is not None:
+                worker.shutdown(wait=True)
             stream.close()
 
     def train_stage(
@@ -854,7 +821,7 @@ class GraphPartyRun:
             self.config.epochs, extractor.output_layers, "train", "",
             getattr(extractor, "root_batches", shuffled_batches), self.gradients,
             start, lambda position: self._save_checkpoint(position, extractor, optimizer),
-            getattr(extractor, "prefetch", None) if pipelining() else None, self.step_timings,
+            getattr(extractor, "prefetch", None) if self.settings.pipeline else None, self.step_timings,
         )
         self.step_timings.save(self._run_dir() / STEP_TIMINGS_FILE)
 

@@ -26,6 +26,7 @@ from vesper.common.charge_token import TokenError, read_token
 from vesper.common.config import DecoderConfig, LabelPrivacyConfig, OptimizerConfig, PartyBConfig
 from vesper.common.dataset_files import DatasetError, resolve_dataset
 from vesper.common.grpc_server import start_server, wait_for_signal, write_ready_file
+from vesper.common.torch_threads import apply_torch_threads
 from vesper.common.wire import (
     WireError,
     decode_tensor,
@@ -429,11 +430,12 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
 
 
 def serve(config: PartyBConfig, ready_file: Path | None = None) -> None:
+    threads = apply_torch_threads(config.torch_threads)  # before any tensor work
     name = pb.DESCRIPTOR.services_by_name["LabelParty"].full_name
     server, port = start_server(
         config.listen, [(pb_grpc.add_LabelPartyServicer_to_server, LabelPartyService(config), name)],
         config.max_message_mb, tls=config.tls, tls_setting="party_b.tls",
     )
-    log.info("party B serving on port %d (device %s)", port, config.device)
-    write_ready_file(ready_file, grpc_port=port)
+    log.info("party B serving on port %d (device %s, %d torch threads)", port, config.device, threads)
+    write_ready_file(ready_file, grpc_port=port, torch_threads=threads)
     wait_for_signal(lambda: server.stop(grace=5).wait())

@@ -39,7 +39,7 @@ from vesper.coordinator.perf.throughput import ThroughputOptions, one_process_ra
 from vesper.coordinator.perf.wire_bytes import bytes_per_step, framed, within_seed_noise
 from vesper.party_a.extractors.base import ExtractorSetup
 from vesper.party_a.extractors.pmp_plugin import PmpGcnPlugin, PmpGinPlugin, _PmpPlugin
-from vesper.party_a.trainer import PIPELINE_ENV, STEP_TIMINGS_FILE, StepTimings
+from vesper.party_a.step_timings import STEP_TIMINGS_FILE, StepTimings
 
 VOLATILE = {"run_id", "seconds", "status_url"}
 
@@ -53,8 +53,8 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
-def _run(cluster: InProcessCluster, pipelined: bool, monkeypatch: pytest.MonkeyPatch) -> tuple:
-    monkeypatch.setenv(PIPELINE_ENV, "1" if pipelined else "0")  # read by A when its run trains
+def _run(cluster: InProcessCluster, pipelined: bool) -> tuple:
+    cluster.settings_a = cluster.settings_a.model_copy(update={"pipeline": pipelined})  # read by A's next run
     config = RunConfig.model_validate({
         "dataset": "cora", "epochs": 2, "seed": 3, "privacy": {"epsilon": 4.0}, "extractor": {"name": "pmp-gcn"},
     })
@@ -85,9 +85,9 @@ def test_pipelining_changes_no_release_no_charge_and_no_parameter(
     # checkpoints every 5 steps: the steps before them are not prefetched (their checkpoint holds
     # the sampling generator as it stands after them), the others are
     with InProcessCluster(tmp_path, party_a={"secret_seed": 7, "checkpoint_every": 5}, party_b={"secret_seed": 9}) as cluster:
-        summary_s, rows_s, journal_s, parameters_s, _ = _run(cluster, False, monkeypatch)
+        summary_s, rows_s, journal_s, parameters_s, _ = _run(cluster, False)
         assert prefetches == []
-        summary_p, rows_p, journal_p, parameters_p, timings = _run(cluster, True, monkeypatch)
+        summary_p, rows_p, journal_p, parameters_p, timings = _run(cluster, True)
     assert summary_p.status == summary_s.status == "completed"
     steps = summary_p.steps
     assert steps == 2 * math.ceil(1354 / 256)

@@ -25,7 +25,6 @@ import datetime as dt
 import importlib
 import inspect
 import os
-import platform
 import shlex
 import shutil
 import sys
@@ -42,6 +41,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from vesper.coordinator.machine_info import Machine
 from vesper.coordinator.perf.figures import PerfFigure
 
 console = Console()
@@ -147,41 +147,6 @@ def run_source(source: Source, context: RunContext, out: Console | None = None) 
 
 
 # -- the machine ------------------------------------------------------------------------------
-class Machine(BaseModel):
-    cpu_model: str
-    cores: int
-    ram_gib: float
-    python: str
-    system: str
-    torch: str
-    torch_threads: int
-
-    @classmethod
-    def here(cls) -> Machine:
-        import torch
-
-        model = platform.processor() or platform.machine()
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-        except OSError:
-            pass
-        ram = 0.0
-        try:
-            for line in Path("/proc/meminfo").read_text().splitlines():
-                if line.startswith("MemTotal:"):
-                    ram = int(line.split()[1]) / 1024 / 1024
-                    break
-        except OSError:
-            pass
-        return cls(
-            cpu_model=model, cores=os.cpu_count() or 0, ram_gib=round(ram, 1), python=platform.python_version(),
-            system=platform.platform(), torch=torch.__version__, torch_threads=torch.get_num_threads(),
-        )
-
-
 def load_average() -> tuple[float, float, float]:
     try:
         return os.getloadavg()

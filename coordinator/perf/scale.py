@@ -429,7 +429,7 @@ def run_profile(graph: GraphFile, workdir: Path, options: ScaleOptions) -> Scale
 
 def step_phases(run_dir: Path) -> dict[str, float]:
     """Median milliseconds per phase of A's training steps, from the timings A's trainer
-    saves (party_a.trainer.StepTimings); empty when it saved none."""
+    saves (party_a.step_timings.StepTimings); empty when it saved none."""
     import statistics
 
     try:

@@ -3,7 +3,7 @@ gains (issue #9, items 1a and 2).
 
 **Two-party**: the three services as processes on loopback (:class:`LocalCluster`), one run
 of ``epochs`` epochs; party A records where each training step's time goes
-(``runs/<id>/step_timings.json``, party_a.trainer.StepTimings) and the step ends on its
+(``runs/<id>/step_timings.json``, party_a.step_timings.StepTimings) and the step ends on its
 monotonic clock. Steady state: steps/s from the end of the ``warmup_steps``-th step to the
 last training step (set-up, calibration and the evaluation pass are outside it).
 
@@ -21,11 +21,12 @@ Party A's release journal (``releases.jsonl``, synced per release) has no counte
 the one-process loop: it is durability of the two-party product, and its cost shows as its
 own phase of the two-party profile.
 
-**Pipelining**: the same two-party run with ``VESPER_PIPELINE=0`` in party A's environment
+**Pipelining**: the same two-party run with ``pipeline = false`` in party A's settings
 (A samples step t+1 only after step t) against the default (A samples step t+1 while B
 computes step t). Both clusters run side by side and the runs alternate, so load drifts hit
-both alike. Torch's intra-op threads are pinned (``threads``) in this process and, through
-``OMP_NUM_THREADS``, in every service.
+both alike. Torch's intra-op threads are pinned (``threads``) in this process, in both
+parties (their ``torch_threads``) and, through ``OMP_NUM_THREADS``, in the accountant too
+(its numpy, which reads it when it loads).
 """
 
 from __future__ import annotations
@@ -109,19 +110,6 @@ def pinned_threads(threads: int) -> Iterator[None]:
             os.environ["OMP_NUM_THREADS"] = env
 
 
-@contextmanager
-def _environment(name: str, value: str) -> Iterator[None]:
-    before = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
-
-
 # -- two parties through the services ---------------------------------------------------------
 def two_party_rate(cluster: object, options: ThroughputOptions) -> Rate:
     """One run through ``cluster`` (a started LocalCluster); its steady state from A's timings."""
@@ -129,7 +117,7 @@ def two_party_rate(cluster: object, options: ThroughputOptions) -> Rate:
 
     from vesper.common.config import RunConfig
     from vesper.coordinator.run_client import drive_run
-    from vesper.party_a.trainer import STEP_TIMINGS_FILE
+    from vesper.party_a.step_timings import STEP_TIMINGS_FILE
 
     config = RunConfig.model_validate(options.run_config(DATASET_ALIAS))
     summary = drive_run(cluster.party_a_address, config, Console(quiet=True))
@@ -314,16 +302,19 @@ def measure(options: ThroughputOptions, workdir: Path) -> Measurements:
     """Every variant ``repeats`` times, interleaved (load drifts hit all alike)."""
     from vesper.common.dataset_files import resolve_dataset
     from vesper.coordinator.processes import LocalCluster
-    from vesper.party_a.trainer import PIPELINE_ENV
 
     path = resolve_dataset(options.dataset).resolve()
     datasets = {DATASET_ALIAS: str(path)}
-    party_a = {"secret_seed": options.secret_seed}
+    party_a = {"secret_seed": options.secret_seed, "torch_threads": options.threads}
+    party_b = {"torch_threads": options.threads}
     result = Measurements([], [], [], [])
     with pinned_threads(options.threads), ExitStack() as clusters:
-        pipelined = clusters.enter_context(LocalCluster(workdir / "pipelined", party_a=party_a, datasets=datasets))
-        with _environment(PIPELINE_ENV, "0"):  # read by this cluster's party A when its runs train
-            sequential = clusters.enter_context(LocalCluster(workdir / "sequential", party_a=party_a, datasets=datasets))
+        pipelined = clusters.enter_context(
+            LocalCluster(workdir / "pipelined", party_a=party_a, party_b=party_b, datasets=datasets)
+        )
+        sequential = clusters.enter_context(LocalCluster(
+            workdir / "sequential", party_a={**party_a, "pipeline": False}, party_b=party_b, datasets=datasets
+        ))
         for _ in range(options.repeats):
             result.pipelined.append(two_party_rate(pipelined, options))
             result.sequential.append(two_party_rate(sequential, options))
@@ -369,7 +360,7 @@ def phase_table(measurements: Measurements) -> str:
         f"| **step** | **{_ms(steps[0])}** | **{_ms(steps[1])}** | **{_ms(steps[2])}** |",
         "",
         "Median milliseconds per phase of the timed steps (party A's own timings, "
-        "party_a.trainer.StepTimings). Without pipelining, A's wait is B's whole turn: "
+        "party_a.step_timings.StepTimings). Without pipelining, A's wait is B's whole turn: "
         f"{turn * 1000:.2f} ms, of which B's math in one process is {b_math * 1000:.2f} ms; the rest, "
         f"{(turn - b_math) * 1000:.2f} ms, is the transport: serialisation at both ends (measured alone: "
         f"{measurements.serialisation * 1000:.2f} ms per step, both messages, both ends, A's encode included), "
@@ -434,7 +425,7 @@ def throughput_figures(
             name="pipelining: two-party steps/s with against without", value=round(two / sequential, 3), unit="x",
             measured=(
                 f"{two:.1f} steps/s when A samples step t+1 while B computes step t vs {sequential:.1f} steps/s "
-                f"when it samples after (VESPER_PIPELINE=0); the same releases either way "
+                f"when it samples after (party_a.pipeline = false); the same releases either way "
                 f"(tests/test_perf_bench.py) ({setting})"
             ),
             direction="higher", command=command,

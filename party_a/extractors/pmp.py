@@ -23,6 +23,7 @@ only through noisy aggregates, which the accountant has charged).
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -87,6 +88,15 @@ def gcn_aggregate(block: Block, h_src: torch.Tensor, capped_degree: torch.Tensor
     return _sum_messages(block, h_src, weight)
 
 
+@dataclass(frozen=True)
+class LayerWeights:
+    """One layer's weights as a step uses them: W_self, its bias, and gain · W_agg."""
+
+    self_weight: torch.Tensor
+    self_bias: torch.Tensor
+    agg_weight: torch.Tensor | None
+
+
 class PmpLayer(nn.Module):
     """h_v^(l) = normalize(relu(W_self h_v^(l-1) + W_agg ǎ_v)); W_agg absent for MLP."""
 
@@ -98,10 +108,22 @@ class PmpLayer(nn.Module):
         # with ‖W_agg‖_op pinned at 1, this gain lets training turn a noisy aggregate down
         self.agg_gain = nn.Parameter(torch.ones(())) if aggregates else None
 
-    def forward(self, h_own: torch.Tensor, noisy_aggregate: torch.Tensor | None) -> torch.Tensor:
-        pre = self.self_weight(h_own)
-        if self.agg_weight is not None:
-            pre = pre + self.agg_gain * self.agg_weight(noisy_aggregate)
+    def weights(self) -> LayerWeights:
+        """The weights, spectrally normalised: each read of a normalised weight runs a power
+        step, so a training step reads them once and hands them to both passes."""
+        agg = None
+        if self.agg_weight is not None and self.agg_gain is not None:
+            # gain · (W_agg ǎ) as (gain · W_agg) ǎ: the gain scales d² numbers, not rows x d
+            agg = self.agg_gain * self.agg_weight.weight
+        return LayerWeights(self.self_weight.weight, self.self_weight.bias, agg)
+
+    def forward(
+        self, h_own: torch.Tensor, noisy_aggregate: torch.Tensor | None, weights: LayerWeights | None = None
+    ) -> torch.Tensor:
+        w = self.weights() if weights is None else weights
+        pre = F.linear(h_own, w.self_weight, w.self_bias)
+        if w.agg_weight is not None:
+            pre = torch.addmm(pre, noisy_aggregate, w.agg_weight.t())  # one pass: + ǎ (gain · W_agg)ᵀ
         return F.normalize(F.relu(pre), dim=-1)
 
 
@@ -140,25 +162,29 @@ class PmpExtractor(nn.Module):
         noise_std: float,
         generator: torch.Generator | None,
         capped_degree: torch.Tensor | None = None,
+        weights: list[LayerWeights] | None = None,
     ) -> list[torch.Tensor | None]:
         """The mechanism: every read of the graph, each noised (Algorithm 1, steps 5-9).
 
         Runs all L layers over the sampled subgraph and returns, per layer, the roots'
         noisy aggregates ǎ. No gradient exists here, so nothing A learns later can
-        depend on an un-noised aggregate.
+        depend on an un-noised aggregate. ``weights``: the layers' weights for this step
+        (``PmpLayer.weights``), read here without gradient.
         """
         num_roots = subgraph.roots.numel()
         h = self.encoder(features.index_select(0, subgraph.input_nodes.to(features.device)))
         noisy_roots: list[torch.Tensor | None] = []
-        for layer, block in zip(self.layers, subgraph.blocks):
+        last = len(subgraph.blocks) - 1
+        for index, (layer, block) in enumerate(zip(self.layers, subgraph.blocks)):
             noisy = None
             if self.aggregates:
                 noisy = self.aggregate(block, h, capped_degree)
                 if noise_std > 0:
                     noise = torch.randn(noisy.shape, generator=generator, device=noisy.device, dtype=noisy.dtype)
-                    noisy = noisy + noise.mul_(noise_std)  # a + θ·z, one temporary fewer
-            h = layer(h[: block.dst_count], noisy)
+                    noisy = noisy.add_(noise.mul_(noise_std))  # a + θ·z in place: a is a fresh tensor
             noisy_roots.append(None if noisy is None else noisy[:num_roots])
+            if index < last:  # h^(L) of the pass is never read: the roots' chain recomputes it
+                h = layer(h[: block.dst_count], noisy, None if weights is None else weights[index])
         return noisy_roots
 
     def forward(
@@ -175,10 +201,11 @@ class PmpExtractor(nn.Module):
         gradient from its features and its noisy aggregates, so A's update (eq. 39)
         flows into the encoder and both weights of every layer, never into the graph.
         """
-        noisy = self.noisy_aggregates(subgraph, features, noise_std, generator, capped_degree)
+        weights = [layer.weights() for layer in self.layers]  # with gradient, once for both passes
+        noisy = self.noisy_aggregates(subgraph, features, noise_std, generator, capped_degree, weights)
         h = self.encoder(features.index_select(0, subgraph.roots.to(features.device)))
         per_layer = []
-        for layer, aggregate in zip(self.layers, noisy):
-            h = layer(h, aggregate)
+        for layer, aggregate, w in zip(self.layers, noisy, weights):
+            h = layer(h, aggregate, w)
             per_layer.append(h)
         return torch.stack(per_layer, dim=-1)
