@@ -666,14 +666,15 @@ class GraphPartyRun:
     def _charge_ahead(
         self, worker: ThreadPoolExecutor, roots: torch.Tensor, release: Release, pass_id: str, index: int
     ) -> _PendingCharge:
-        """Start step t+1's write-ahead charge while B computes step t.
+        """Start step t+1's write-ahead charge once B has answered step t, while A updates.
 
         A charge names the release's roots, key and DpEvent, never its values, so it can be
         committed before the release is computed; ``_charged_release`` waits for the receipt
         before anything of the release is encoded or sent, so every release is still charged
         before it leaves A. The one difference: a run that stops after this call and before
-        step t+1 is sent holds a charge for a release B never receives (over-counted, never
-        under-counted; a resume sends it under that charge). docs/faults.md.
+        step t+1 is sent (A fails in its update, is cancelled or killed) holds a charge for a
+        release B never receives (over-counted, never under-counted; a resume sends it under
+        that charge). docs/faults.md.
         """
         future = worker.submit(self._commit_charge, roots, release, pass_id, "train", index)
         return _PendingCharge(f"{pass_id}/{index}", future)
@@ -720,7 +721,7 @@ class GraphPartyRun:
         secret sampling generator is consumed in the same order either way, so the releases
         are the same; no prefetch after a step that is checkpointed, whose checkpoint must
         hold the sampling generator as it stands after that step. With prefetching, step t+1's
-        charge is also committed while B computes step t (``_charge_ahead``). ``timings``
+        charge is also committed while A applies step t's gradient (``_charge_ahead``). ``timings``
         records where each step's time goes."""
         cfg = self.config
         root_order = torch.Generator().manual_seed(cfg.seed)
@@ -757,15 +758,17 @@ class GraphPartyRun:
                 if prefetch is not None and worker is not None and not save:
                     upcoming = next(steps, None)
                     if upcoming is not None:
-                        if not self.cancelled():
-                            pending = self._charge_ahead(
-                                worker, upcoming.batch, release, f"{pass_prefix}-{upcoming.epoch}", upcoming.index
-                            )
                         prefetch(upcoming.batch)
                     timer.mark("prefetch")
                 reply = stream.receive(step)
                 timer.mark("wait")
                 gradient = self._check_reply(reply, session_id, step, (batch.numel(), *shape_tail))
+                if isinstance(upcoming, _PlannedStep) and worker is not None and not self.cancelled():
+                    # once B has answered well, and during A's update, when B is idle: a third
+                    # busy process during B's turn would slow B down on a 2-core host
+                    pending = self._charge_ahead(
+                        worker, upcoming.batch, release, f"{pass_prefix}-{upcoming.epoch}", upcoming.index
+                    )
                 if record is not None:
                     record.add(current.epoch, batch, gradient)
                 if optimizer is not None and embeddings.requires_grad:

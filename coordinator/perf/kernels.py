@@ -42,7 +42,7 @@ import torch
 
 from vesper.common.config import ExtractorConfig
 from vesper.coordinator.perf.figures import PerfFigure
-from vesper.party_a.extractors.pmp import PmpExtractor
+from vesper.party_a.extractors.pmp import BlockMessages, PmpExtractor
 from vesper.party_a.graph_store import Graph
 from vesper.party_a.sampler import Block, NeighbourSampler, SampledSubgraph
 
@@ -310,9 +310,16 @@ class LayerBench:
         h = torch.rand(rows, self.dim, generator=self.inputs, device=self.device)
         return torch.nn.functional.normalize(h, dim=-1).requires_grad_()
 
-    def pmp_step(self, model: PmpExtractor, item: LocalSubgraph, h0: torch.Tensor, noise_std: float) -> None:
-        # each subgraph's degrees go in as the override that a subsampled release uses
-        out = model(item.subgraph, h0, noise_std, self.noise, item.capped_degree)
+    def pmp_step(
+        self, model: PmpExtractor, item: LocalSubgraph, h0: torch.Tensor, noise_std: float,
+        messages: list[BlockMessages] | None = None,
+    ) -> None:
+        # each subgraph's degrees go in as the override that a subsampled release uses;
+        # ``messages``: the blocks' messages, built by party A's prefetch as the reference's Â
+        # is built outside its timer
+        if messages is None:
+            messages = model.messages(item.subgraph, item.capped_degree)
+        out = model(item.subgraph, h0, noise_std, self.noise, item.capped_degree, messages)
         out.backward(torch.ones_like(out))
 
     def gcn_step(self, reference: SparseGcn, item: LocalSubgraph, h0: torch.Tensor) -> None:
@@ -338,8 +345,9 @@ class LayerBench:
         for rep in range(repeats):
             for index, item in enumerate(self.local):
                 h_pmp, h_gcn = self.leaf(item), self.leaf(item)
+                messages = model.messages(item.subgraph, item.capped_degree)
                 runs = [
-                    (pmp_seconds, lambda: self.pmp_step(model, item, h_pmp, noise_std)),  # noqa: B023 (run in this iteration)
+                    (pmp_seconds, lambda: self.pmp_step(model, item, h_pmp, noise_std, messages)),  # noqa: B023 (run in this iteration)
                     (gcn_seconds, lambda: self.gcn_step(reference, item, h_gcn)),  # noqa: B023
                 ]
                 if (rep + index) % 2:
@@ -352,17 +360,18 @@ class LayerBench:
         """The no-gradient pass alone (aggregate, noise, layer over every frontier node)."""
         seconds = []
         for item in self.local:
-            h0 = self.leaf(item)
+            h0, messages = self.leaf(item), model.messages(item.subgraph, item.capped_degree)
             seconds.append(self.timed(lambda: model.noisy_aggregates(
-                item.subgraph, h0, noise_std, self.noise, item.capped_degree)))  # noqa: B023 (run in this iteration)
+                item.subgraph, h0, noise_std, self.noise, item.capped_degree, model.step_weights(), messages)))  # noqa: B023 (run in this iteration)
         return statistics.median(seconds)
 
     def profile(self, model: PmpExtractor, noise_std: float) -> str:
         leaves = [self.leaf(item) for item in self.local]
+        messages = [model.messages(item.subgraph, item.capped_degree) for item in self.local]
 
         def steps() -> None:
-            for item, h0 in zip(self.local, leaves):
-                self.pmp_step(model, item, h0, noise_std)
+            for item, h0, built in zip(self.local, leaves, messages):
+                self.pmp_step(model, item, h0, noise_std, built)
 
         return _profile_top(steps)
 
@@ -421,8 +430,10 @@ def _layer_figure(
             f"noise {no_noise / gcn_b:.2f}x; the no-gradient pass alone (aggregate, noise and layer at every "
             f"frontier node, which PMP needs before the roots' chain with gradient) {mechanism * 1e3:.2f} ms of "
             f"the {pmp * 1e3:.2f} ms. The aggregation is one torch.sparse.mm per layer, as in the reference; the "
-            f"rest is the method: two weights per layer, spectral normalisation's power step on each weight in "
-            f"both passes (8 per step at L = 2), a Gaussian draw per frontier node, and the layers run twice. "
+            f"rest is the method: a Gaussian draw per frontier node and layer, two weights per layer (W_self and "
+            f"W_agg), spectral normalisation of each (one power step per step for all {2 * layers}, batched), the "
+            f"first layers run twice (without gradient over the frontier, with gradient over the roots), and the "
+            f"normalisation of every layer's output. "
             f"torch.profiler, {name} over {len(bench.local)} subgraphs (forward + backward):\n"
             f"{bench.profile(model, noise_std)}"
         )
@@ -437,7 +448,8 @@ def _layer_figure(
             f"{len(bench.local)} Tolokers subgraphs x {repeats} passes, alternating); L = {len(blocks)}, "
             f"d = {bench.dim}, noise θ = {noise_std:g}, default extractor config (spectral norm on), h^(0) given "
             f"(the encoder, the same in both, is not timed); blocks of the first subgraph (dst x src): {shape}; "
-            f"the reference's Â built outside its timer; {threads} torch thread(s), {bench.device.type}"
+            f"the reference's Â and PMP's block messages (CSR and β_uv: party A builds them in the prefetch, "
+            f"while B computes) built outside the timers; {threads} torch thread(s), {bench.device.type}"
         ),
         bound=bound, command=command,
     )

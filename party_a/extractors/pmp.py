@@ -28,10 +28,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils.parametrizations import spectral_norm
 
 from vesper.common.config import ExtractorConfig
 from vesper.party_a.encoder import MlpEncoder
+from vesper.party_a.extractors.spectral_norm import normalised_weights, spectral_norm
 from vesper.party_a.sampler import Block, SampledSubgraph
 
 # torch warns once per process that sparse CSR is beta; _adjacency's use is tested against index_add_
@@ -58,34 +58,59 @@ def _adjacency(block: Block, weight: torch.Tensor | None, dtype: torch.dtype) ->
     )
 
 
-def _sum_messages(block: Block, h_src: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+@dataclass(frozen=True)
+class BlockMessages:
+    """A block's messages as the aggregation reads them, built from the graph alone (no
+    feature, no parameter), so the prefetch can build them while B computes: the sparse
+    [dst, src] matrix of the weights β_uv from ``_SPARSE_FROM_MESSAGES`` messages on,
+    otherwise the weights alone (None: every β_uv = 1)."""
+
+    adjacency: torch.Tensor | None
+    weight: torch.Tensor | None
+
+
+def block_messages(block: Block, weight: torch.Tensor | None, dtype: torch.dtype) -> BlockMessages:
+    if block.edge_dst.numel() >= _SPARSE_FROM_MESSAGES:
+        return BlockMessages(_adjacency(block, weight, dtype), None)
+    return BlockMessages(None, weight)
+
+
+def gcn_weights(block: Block, capped_degree: torch.Tensor, d_min: int, dtype: torch.dtype) -> torch.Tensor:
+    """β_uv = 1[d̂_v ≥ D_min] / √((d̂_v+1)(d̂_u+1)) per message (eq. 33, neighbour part)."""
+    # index_select: advanced indexing (x[i]) is several times slower on CPU
+    degree_src = capped_degree.index_select(0, block.src_nodes).to(dtype)
+    degree_dst = degree_src[: block.dst_count]  # the destinations are the first sources
+    scale_dst = torch.rsqrt(degree_dst + 1) * (degree_dst >= d_min).to(dtype)
+    scale_src = torch.rsqrt(degree_src + 1)
+    return scale_dst.index_select(0, block.edge_dst) * scale_src.index_select(0, block.edge_src)
+
+
+def _sum_messages(block: Block, h_src: torch.Tensor, messages: BlockMessages) -> torch.Tensor:
     """Per destination, the (weighted) sum of its messages h_u, added in message order.
 
     Small blocks gather the messages and ``index_add_`` them; from
     ``_SPARSE_FROM_MESSAGES`` on, the sparse product is faster (tests: the same values).
     """
-    if block.edge_dst.numel() >= _SPARSE_FROM_MESSAGES:
-        return torch.sparse.mm(_adjacency(block, weight, h_src.dtype), h_src)
-    messages = h_src.index_select(0, block.edge_src)
-    if weight is not None:
-        messages = messages.mul_(weight[:, None])
-    return h_src.new_zeros(block.dst_count, h_src.shape[1]).index_add_(0, block.edge_dst, messages)
+    if messages.adjacency is not None:
+        return torch.sparse.mm(messages.adjacency, h_src)
+    gathered = h_src.index_select(0, block.edge_src)
+    if messages.weight is not None:
+        gathered = gathered.mul_(messages.weight[:, None])
+    return h_src.new_zeros(block.dst_count, h_src.shape[1]).index_add_(0, block.edge_dst, gathered)
 
 
-def gin_aggregate(block: Block, h_src: torch.Tensor) -> torch.Tensor:
+def gin_aggregate(block: Block, h_src: torch.Tensor, messages: BlockMessages | None = None) -> torch.Tensor:
     """a_v = Σ_{u ∈ N_s(v)} h_u for the block's destination nodes."""
-    return _sum_messages(block, h_src, None)
+    return _sum_messages(block, h_src, messages or block_messages(block, None, h_src.dtype))
 
 
-def gcn_aggregate(block: Block, h_src: torch.Tensor, capped_degree: torch.Tensor, d_min: int) -> torch.Tensor:
+def gcn_aggregate(
+    block: Block, h_src: torch.Tensor, capped_degree: torch.Tensor, d_min: int, messages: BlockMessages | None = None
+) -> torch.Tensor:
     """a_v = 1[d̂_v ≥ D_min] Σ_{u ∈ N_s(v)} h_u / √((d̂_v+1)(d̂_u+1))  (eq. 33, neighbour part)."""
-    # index_select: advanced indexing (x[i]) is several times slower on CPU
-    degree_src = capped_degree.index_select(0, block.src_nodes).to(h_src.dtype)
-    degree_dst = degree_src[: block.dst_count]  # the destinations are the first sources
-    scale_dst = torch.rsqrt(degree_dst + 1) * (degree_dst >= d_min).to(h_src.dtype)
-    scale_src = torch.rsqrt(degree_src + 1)
-    weight = scale_dst.index_select(0, block.edge_dst) * scale_src.index_select(0, block.edge_src)
-    return _sum_messages(block, h_src, weight)
+    if messages is None:
+        messages = block_messages(block, gcn_weights(block, capped_degree, d_min, h_src.dtype), h_src.dtype)
+    return _sum_messages(block, h_src, messages)
 
 
 @dataclass(frozen=True)
@@ -143,16 +168,50 @@ class PmpExtractor(nn.Module):
             PmpLayer(config.dim, self.aggregates, config.spectral_norm) for _ in range(config.layers)
         )
 
-    def aggregate(self, block: Block, h_src: torch.Tensor, capped_degree: torch.Tensor | None = None) -> torch.Tensor:
+    def step_weights(self) -> list[LayerWeights]:
+        """Every layer's ``PmpLayer.weights()``, the spectral normalisations computed together
+        (party_a.extractors.spectral_norm.normalised_weights: one power step for all)."""
+        linears = [layer.self_weight for layer in self.layers]
+        if self.aggregates:
+            linears += [layer.agg_weight for layer in self.layers]
+        normalised = normalised_weights(linears)
+        count = len(self.layers)
+        return [
+            LayerWeights(
+                normalised[i], layer.self_weight.bias,
+                None if layer.agg_weight is None else layer.agg_gain * normalised[count + i],
+            )
+            for i, layer in enumerate(self.layers)
+        ]
+
+    def aggregate(
+        self, block: Block, h_src: torch.Tensor, capped_degree: torch.Tensor | None = None,
+        messages: BlockMessages | None = None,
+    ) -> torch.Tensor:
         """The pre-noise release a of one layer (what the sensitivity bounds).
 
         ``capped_degree`` overrides the graph's, for a release that reads a subsample
         of the edges (its GCN coefficients must come from the graph it read).
+        ``messages``: the block's messages from :meth:`messages`, built ahead.
         """
         if self.name == "pmp-gin":
-            return gin_aggregate(block, h_src)
+            return gin_aggregate(block, h_src, messages)
         degree = self.capped_degree if capped_degree is None else capped_degree
-        return gcn_aggregate(block, h_src, degree, self.d_min)
+        return gcn_aggregate(block, h_src, degree, self.d_min, messages)
+
+    def messages(self, subgraph: SampledSubgraph, capped_degree: torch.Tensor | None = None) -> list[BlockMessages] | None:
+        """Every block's messages and weights β_uv (as ``aggregate`` builds them itself when
+        not given): graph structure only, so party A's prefetch builds them while B computes
+        (pmp_plugin.prefetch). None for the MLP, which reads no edge."""
+        if not self.aggregates:
+            return None
+        dtype = self.layers[0].self_weight.bias.dtype
+        if self.name == "pmp-gin":
+            return [block_messages(block, None, dtype) for block in subgraph.blocks]
+        degree = self.capped_degree if capped_degree is None else capped_degree
+        return [
+            block_messages(block, gcn_weights(block, degree, self.d_min, dtype), dtype) for block in subgraph.blocks
+        ]
 
     @torch.no_grad()
     def noisy_aggregates(
@@ -163,13 +222,15 @@ class PmpExtractor(nn.Module):
         generator: torch.Generator | None,
         capped_degree: torch.Tensor | None = None,
         weights: list[LayerWeights] | None = None,
+        messages: list[BlockMessages] | None = None,
     ) -> list[torch.Tensor | None]:
         """The mechanism: every read of the graph, each noised (Algorithm 1, steps 5-9).
 
         Runs all L layers over the sampled subgraph and returns, per layer, the roots'
         noisy aggregates ǎ. No gradient exists here, so nothing A learns later can
         depend on an un-noised aggregate. ``weights``: the layers' weights for this step
-        (``PmpLayer.weights``), read here without gradient.
+        (``PmpLayer.weights``), read here without gradient; ``messages``: the blocks'
+        messages (:meth:`messages`), built ahead.
         """
         num_roots = subgraph.roots.numel()
         h = self.encoder(features.index_select(0, subgraph.input_nodes.to(features.device)))
@@ -178,7 +239,7 @@ class PmpExtractor(nn.Module):
         for index, (layer, block) in enumerate(zip(self.layers, subgraph.blocks)):
             noisy = None
             if self.aggregates:
-                noisy = self.aggregate(block, h, capped_degree)
+                noisy = self.aggregate(block, h, capped_degree, None if messages is None else messages[index])
                 if noise_std > 0:
                     noise = torch.randn(noisy.shape, generator=generator, device=noisy.device, dtype=noisy.dtype)
                     noisy = noisy.add_(noise.mul_(noise_std))  # a + θ·z in place: a is a fresh tensor
@@ -194,6 +255,7 @@ class PmpExtractor(nn.Module):
         noise_std: float,
         generator: torch.Generator | None,
         capped_degree: torch.Tensor | None = None,
+        messages: list[BlockMessages] | None = None,
     ) -> torch.Tensor:
         """B x d x L embeddings of the roots: post-processing of the noisy aggregates.
 
@@ -201,8 +263,8 @@ class PmpExtractor(nn.Module):
         gradient from its features and its noisy aggregates, so A's update (eq. 39)
         flows into the encoder and both weights of every layer, never into the graph.
         """
-        weights = [layer.weights() for layer in self.layers]  # with gradient, once for both passes
-        noisy = self.noisy_aggregates(subgraph, features, noise_std, generator, capped_degree, weights)
+        weights = self.step_weights()  # with gradient, once for both passes
+        noisy = self.noisy_aggregates(subgraph, features, noise_std, generator, capped_degree, weights, messages)
         h = self.encoder(features.index_select(0, subgraph.roots.to(features.device)))
         per_layer = []
         for layer, aggregate, w in zip(self.layers, noisy, weights):

@@ -9,6 +9,7 @@ per release, Poisson-subsampled at rate q (edge_sampling).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -25,13 +26,23 @@ from vesper.party_a.extractors.base import (
     ReleaseKind,
     RootPlan,
 )
-from vesper.party_a.extractors.pmp import PmpExtractor
+from vesper.party_a.extractors.pmp import BlockMessages, PmpExtractor
 from vesper.party_a.extractors.sensitivity import charge_rule
 from vesper.party_a.graph_store import Graph
 from vesper.party_a.sampler import NeighbourSampler, SampledSubgraph, edgeless_subgraph
 
 _SHARED = ("layers", "dim", "encoder_hidden", "dropout", "spectral_norm", "noise_multiplier")
 _GRAPH = ("fanout", "degree_bound")
+
+
+@dataclass(frozen=True)
+class _Sample:
+    """What one release reads of the graph: its blocks, the capped degrees of the graph
+    they were sampled from (None: A's graph) and their messages (pmp.BlockMessages)."""
+
+    subgraph: SampledSubgraph
+    capped_degree: torch.Tensor | None
+    messages: list[BlockMessages] | None
 
 
 class _PmpPlugin(ExtractorBase):
@@ -58,8 +69,8 @@ class _PmpPlugin(ExtractorBase):
             ).to(setup.device)
         self.noise_std = 0.0
         self.sensitivity = 0.0
-        # the next release's sample, drawn ahead by ``prefetch``: (its roots, (subgraph, capped degree))
-        self._prefetched: tuple[torch.Tensor, tuple[SampledSubgraph, torch.Tensor | None]] | None = None
+        # the next release's sample, drawn ahead by ``prefetch``: (its roots, its sample)
+        self._prefetched: tuple[torch.Tensor, _Sample] | None = None
 
     def capped_degree(self, graph: Graph) -> torch.Tensor:
         """d̂ = min(degree, D) of the graph a release reads (GCN's coefficients)."""
@@ -118,11 +129,15 @@ class _PmpPlugin(ExtractorBase):
     # -- what it releases -------------------------------------------------------------------
     def release(self, roots: torch.Tensor, kind: ReleaseKind) -> torch.Tensor:
         """PMP over the roots' subgraphs (Algorithm 1): the pre-charge B x d x L."""
-        subgraph, capped_degree = self._take_prefetched(roots) or self._sample(roots)
-        return self.model(subgraph, self.setup.features, self.noise_std, self.setup.noise_generator, capped_degree)
+        sample = self._take_prefetched(roots) or self._sample(roots)
+        return self.model(
+            sample.subgraph, self.setup.features, self.noise_std, self.setup.noise_generator, sample.capped_degree,
+            sample.messages,
+        )
 
-    def _sample(self, roots: torch.Tensor) -> tuple[SampledSubgraph, torch.Tensor | None]:
-        """The release's reads of the graph: all its draws from A's secret sampling generator."""
+    def _sample(self, roots: torch.Tensor) -> _Sample:
+        """The release's reads of the graph: all its draws from A's secret sampling generator,
+        and the sampled blocks' messages ready for the aggregation (graph structure only)."""
         layers = self.setup.config.extractor.layers
         sampler, capped_degree = self.sampler, None
         if self.edge_subsampler is not None:
@@ -131,8 +146,9 @@ class _PmpPlugin(ExtractorBase):
             sampler = NeighbourSampler(graph, self.fanout, layers)
             capped_degree = self.capped_degree(graph)
         if sampler is None:
-            return edgeless_subgraph(roots, layers), None
-        return sampler.sample(roots, sampler.layer_seeds(self.setup.sampling_generator)), capped_degree
+            return _Sample(edgeless_subgraph(roots, layers), None, None)
+        subgraph = sampler.sample(roots, sampler.layer_seeds(self.setup.sampling_generator))
+        return _Sample(subgraph, capped_degree, self.model.messages(subgraph, capped_degree))
 
     # -- pipelining (party_a.trainer): sampling reads no parameter -----------------------------
     def prefetch(self, roots: torch.Tensor) -> None:
@@ -146,7 +162,7 @@ class _PmpPlugin(ExtractorBase):
         roots = roots.to(self.setup.device)
         self._prefetched = (roots, self._sample(roots))
 
-    def _take_prefetched(self, roots: torch.Tensor) -> tuple[SampledSubgraph, torch.Tensor | None] | None:
+    def _take_prefetched(self, roots: torch.Tensor) -> _Sample | None:
         if self._prefetched is None:
             return None
         expected, sampled = self._prefetched
