@@ -371,7 +371,7 @@ def phase_table(measurements: Measurements) -> str:
 
 
 def throughput_figures(
-    dataset: str = "cora", epochs: int = 10, repeats: int = 3, threads: int = 1, warmup_steps: int = 6,
+    dataset: str = "cora", epochs: int = 10, repeats: int = 5, threads: int = 1, warmup_steps: int = 6,
     extractor: str = "pmp-gcn", epsilon: float = 8.0, workdir: Path | None = None, quick: bool = False,
 ) -> list[PerfFigure]:
     """Two-party steps/s against one process (charged; and math only), and pipelining's gain."""
