@@ -94,6 +94,11 @@ class AccountantClient:
         )
         self._stub = acc_grpc.AccountantStub(self._channel)
 
+    @property
+    def channel(self) -> grpc.Channel:
+        """The channel to the accountant (the benchmarks time other calls over the same one)."""
+        return self._channel
+
     def close(self) -> None:
         self._channel.close()
 

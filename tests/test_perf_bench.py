@@ -315,3 +315,13 @@ def test_in_process_charges_are_timed_and_profiled(tmp_path: Path) -> None:
     counted, free = counted_split([float(i) for i in range(12)], 1)
     assert counted == [float(i) for i in range(12) if (WARMUP + i) % 6 == 0] and len(counted) + len(free) == 12
     assert counted_split([1.0, 2.0], None) == ([1.0, 2.0], [])
+
+
+def test_charges_over_grpc_alternate_with_health_checks(tmp_path: Path) -> None:
+    """The transport's floor in the accountant figure: as many no-work round trips as charges."""
+    from vesper.coordinator.perf.accountant_latency import over_grpc
+
+    pings: list[float] = []
+    charges = over_grpc(tmp_path / "service", 20, pings=pings)
+    assert len(charges) == len(pings) == 20
+    assert all(0 < seconds < 30 for seconds in charges + pings)

@@ -100,8 +100,12 @@ def _timed(charge: Callable[[int], object], count: int, pace_s: float = 0.0) -> 
     return durations
 
 
-def over_grpc(workdir: Path, count: int, every_release_counted: bool = False, pace_s: float = 0.0) -> list[float]:
-    """Seconds per Charge RPC to a real accountant process on loopback."""
+def over_grpc(
+    workdir: Path, count: int, every_release_counted: bool = False, pace_s: float = 0.0, pings: list[float] | None = None,
+) -> list[float]:
+    """Seconds per Charge RPC to a real accountant process on loopback. ``pings``: if given,
+    filled with the seconds of as many gRPC health checks to the same process, alternating
+    with the charges (the round trip of a call that does no work: the transport's floor)."""
     from vesper.common.accountant_client import AccountantClient
     from vesper.common.charge_token import ensure_distinct_tokens
     from vesper.coordinator.processes import start_service, write_section
@@ -122,7 +126,24 @@ def over_grpc(workdir: Path, count: int, every_release_counted: bool = False, pa
             run_id = f"latency-{int(time.time() * 1000)}"
             client.create_run(run_id, 1e9, delta, rules, "pmp-gcn", "visible-batch", "pld", {})
             event = {r.kind: r.release_event for r in rules}["train"]
-            return _timed(lambda i: client.charge(run_id, *_charge_arguments(i), event), count, pace_s)
+            if pings is None:
+                return _timed(lambda i: client.charge(run_id, *_charge_arguments(i), event), count, pace_s)
+            from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+            check = health_pb2_grpc.HealthStub(client.channel).Check
+            durations: list[float] = []
+
+            def charge_then_ping(index: int) -> None:
+                started = time.perf_counter()
+                check(health_pb2.HealthCheckRequest(service="vesper.v1.Accountant"), timeout=10)
+                if index >= WARMUP:
+                    pings.append(time.perf_counter() - started)
+                started = time.perf_counter()
+                client.charge(run_id, *_charge_arguments(index), event)
+                durations.append(time.perf_counter() - started)
+
+            _timed(charge_then_ping, count, pace_s)
+            return durations[WARMUP:]
         finally:
             client.close()
     finally:
@@ -211,7 +232,8 @@ def accountant_latency_figures(charges: int = 2000, workdir: Path | None = None,
         charges = min(charges, 200)
     with tempfile.TemporaryDirectory(prefix="vesper-perf-accountant-") as scratch:
         base = Path(workdir) if workdir is not None else Path(scratch)
-        rpc = over_grpc(base / "service", charges)
+        pings: list[float] = []
+        rpc = over_grpc(base / "service", charges, pings=pings)
         rpc_counted = over_grpc(base / "service-counted", max(charges // 4, 50), every_release_counted=True)
         rpc_paced = over_grpc(base / "service-paced", max(charges // 4, 50), pace_s=PACE_S)
         commits_paced = paced_commits(base / "in-process-paced", max(charges // 10, 50), PACE_S)
@@ -229,14 +251,15 @@ def accountant_latency_figures(charges: int = 2000, workdir: Path | None = None,
         f"over gRPC {_summary(rpc)}; the same charges in one process (no gRPC) {_summary(local)}; "
         f"the SQLite commit of a row alone (WAL, synchronous=FULL) {_summary(commits)}; "
         f"every release counted (ε recomputed per charge): over gRPC {_summary(rpc_counted)}, "
-        f"in one process {_summary(local_counted)}"
+        f"in one process {_summary(local_counted)}; a gRPC health check (no work) {_summary(pings)}"
     )
     passed = p99 < GOAL_P99_MS
     bound = "" if passed else (
         f"Over gRPC, {split}. Of the p50 {p50:.2f} ms, {_ms(percentile(local, 50)):.2f} ms is the accountant's own "
         f"work (in one process), of which the SQLite commit is {_ms(percentile(commits, 50)):.2f} ms (p99 "
-        f"{_ms(percentile(commits, 99)):.2f} ms); the rest is gRPC and the service. cProfile of {len(local)} "
-        f"in-process charges (cumulative):\n{profile}"
+        f"{_ms(percentile(commits, 99)):.2f} ms); the rest is gRPC and the service: a gRPC health check to "
+        f"the same process, alternating with the charges (a round trip that does no work), took "
+        f"{_summary(pings)}. cProfile of {len(local)} in-process charges (cumulative):\n{profile}"
     )
     paced_p99 = _ms(percentile(rpc_paced, 99))
     paced_counted, paced_free = counted_split(rpc_paced, bound_per_pass)
@@ -275,8 +298,9 @@ def accountant_latency_figures(charges: int = 2000, workdir: Path | None = None,
             goal=f"p99 < {GOAL_P99_MS:g} ms", passed=counted_passed, direction="lower",
             bound="" if counted_passed else (
                 "every counted charge recomputes the run's ε (for Gaussian events the exact Gaussian ε, "
-                f"common/privacy/accounting.gaussian_epsilon); cProfile of the in-process charges (cumulative):\n"
-                f"{profile_counted}"
+                f"common/privacy/accounting.gaussian_epsilon): in one process {_summary(local_counted)}, the rest "
+                f"is the transport (a gRPC health check to the same kind of process, no work: {_summary(pings)}). "
+                f"cProfile of the in-process charges (cumulative):\n{profile_counted}"
             ),
             command=COMMAND,
         ),
