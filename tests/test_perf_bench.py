@@ -325,3 +325,20 @@ def test_charges_over_grpc_alternate_with_health_checks(tmp_path: Path) -> None:
     charges = over_grpc(tmp_path / "service", 20, pings=pings)
     assert len(charges) == len(pings) == 20
     assert all(0 < seconds < 30 for seconds in charges + pings)
+
+
+def test_the_throughput_bound_names_each_difference_and_the_transport_floor() -> None:
+    from vesper.coordinator.perf.throughput import Measurements, Rate, overhead_lines, phase_table
+
+    def rate(**ms: float) -> Rate:
+        return Rate(30.0, 3, {name: [value / 1000] * 3 for name, value in ms.items()})
+
+    two = rate(release=10, charge=0.1, encode=0.2, journal=0.7, send=0.2, prefetch=2, wait=3, update=7, other=0.1)
+    one = rate(release=11, charge=1.0, **{"label party": 2.0}, update=5)
+    measurements = Measurements([two], [two], [one], [one], 0.001, [0.001, 0.002, 0.003])
+    text = overhead_lines(measurements)
+    assert "Two-party step 23.30 ms against 19.00 ms" in text
+    assert "19.00 ms in the service against 16.00 ms" in text  # release + prefetch + update
+    assert "3.00 ms against B's math 2.00 ms" in text
+    assert "1.30 ms (charge receipt" in text and "p50 2.00 ms" in text
+    assert "| **step** | **23.30** |" in phase_table(measurements)
