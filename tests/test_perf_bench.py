@@ -317,6 +317,7 @@ def test_in_process_charges_are_timed_and_profiled(tmp_path: Path) -> None:
     assert counted_split([1.0, 2.0], None) == ([1.0, 2.0], [])
 
 
+@pytest.mark.slow
 def test_charges_over_grpc_alternate_with_health_checks(tmp_path: Path) -> None:
     """The transport's floor in the accountant figure: as many no-work round trips as charges."""
     from vesper.coordinator.perf.accountant_latency import over_grpc
@@ -335,8 +336,9 @@ def test_the_throughput_bound_names_each_difference_and_the_transport_floor() ->
 
     two = rate(release=10, charge=0.1, encode=0.2, journal=0.7, send=0.2, prefetch=2, wait=3, update=7, other=0.1)
     one = rate(release=11, charge=1.0, **{"label party": 2.0}, update=5)
-    measurements = Measurements([two], [two], [one], [one], 0.001, [0.001, 0.002, 0.003])
+    measurements = Measurements([two], [two], [one], [one], 0.001, [0.001, 0.002, 0.003], [(50.0, 40.0), (50.0, 45.0)])
     text = overhead_lines(measurements)
+    assert "runs at 0.85x its rate alone (steps/s 50.0 → 40.0, 50.0 → 45.0)" in text
     assert "Two-party step 23.30 ms against 19.00 ms" in text
     assert "19.00 ms in the service against 16.00 ms" in text  # release + prefetch + update
     assert "3.00 ms against B's math 2.00 ms" in text

@@ -293,6 +293,8 @@ class Measurements:
     math_only: list[Rate]
     serialisation: float = 0.0  # seconds per step, both ends, without transport
     pings: list[float] = field(default_factory=list)  # seconds per no-work gRPC round trip to B
+    # (alone, beside a process keeping another core busy): steps/s of the one-process loop
+    interference: list[tuple[float, float]] = field(default_factory=list)
 
     @staticmethod
     def median_rate(rates: list[Rate]) -> float:
@@ -323,7 +325,36 @@ def measure(options: ThroughputOptions, workdir: Path) -> Measurements:
             result.math_only.append(one_process_rate(options, path, workdir / "one-process", charged=False))
         result.serialisation = serialisation_seconds(options.batch_size, 64, options.layers)
         result.pings = health_round_trips(pipelined.services["party-b"].grpc_address, 300)
+    result.interference = neighbour_interference(options, path, workdir / "one-process", min(options.repeats, 2))
     return result
+
+
+_SPIN = "import numpy as np\nx = np.random.rand(512, 512)\nwhile True:\n    x @ x\n"
+
+
+def neighbour_interference(
+    options: ThroughputOptions, dataset_path: Path, workdir: Path, pairs: int = 2
+) -> list[tuple[float, float]]:
+    """Steps/s of the one-process loop (math only) alone, and beside a process that keeps one
+    other core busy (numpy matmul, one thread): how much the work of B, the accountant and
+    gRPC's threads on the other core can slow party A's math on this machine."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    results = []
+    with pinned_threads(options.threads):
+        for _ in range(pairs):
+            alone = one_process_rate(options, dataset_path, workdir, charged=False).steps_per_second
+            spinner = subprocess.Popen([sys.executable, "-c", _SPIN], env=env)
+            try:
+                time.sleep(0.3)
+                beside = one_process_rate(options, dataset_path, workdir, charged=False).steps_per_second
+            finally:
+                spinner.kill()
+                spinner.wait()
+            results.append((alone, beside))
+    return results
 
 
 def health_round_trips(address: str, count: int) -> list[float]:
@@ -342,6 +373,18 @@ def health_round_trips(address: str, count: int) -> list[float]:
             check(request, timeout=10)
             seconds.append(time.perf_counter() - started)
     return seconds
+
+
+def _interference_sentence(pairs: list[tuple[float, float]]) -> str:
+    if not pairs:
+        return ""
+    ratios = [beside / alone for alone, beside in pairs]
+    listed = ", ".join(f"{alone:.1f} → {beside:.1f}" for alone, beside in pairs)
+    return (
+        f"The one-process loop beside a process keeping another core busy runs at {statistics.median(ratios):.2f}x "
+        f"its rate alone (steps/s {listed}): in the two-party run B, the accountant and gRPC's threads are that "
+        f"neighbour to A's math. "
+    )
 
 
 def overhead_lines(measurements: Measurements) -> str:
@@ -365,8 +408,9 @@ def overhead_lines(measurements: Measurements) -> str:
         f"{a_one:.2f} ms in one process. Waiting for B after the prefetch: {b_two:.2f} ms against B's math "
         f"{b_one:.2f} ms. Work only the product does: {extra:.2f} ms (charge receipt, encode, journal fsync, "
         f"handing to gRPC, progress), against the one process's charge {ms(one, 'charge'):.2f} ms. A gRPC round "
-        f"trip that does no work (health check to party B's service, after the runs): {floor}. Party A's "
-        f"per-phase timings (profile of the step, median ms):"
+        f"trip that does no work (health check to party B's service, after the runs): {floor}. "
+        f"{_interference_sentence(measurements.interference)}Party A's per-phase timings (profile of the step, "
+        f"median ms):"
     )
 
 
