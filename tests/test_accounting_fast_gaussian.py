@@ -22,7 +22,7 @@ sigmas = st.floats(min_value=1e-3, max_value=1e4, allow_nan=False, allow_infinit
 deltas = st.floats(min_value=1e-300, max_value=0.999999, allow_nan=False, allow_infinity=False)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(sigma=sigmas, delta=deltas)
 def test_bit_identical_to_dp_accounting(sigma: float, delta: float) -> None:
     expected = float(dpa.get_epsilon_gaussian(sigma, delta))
@@ -31,7 +31,7 @@ def test_bit_identical_to_dp_accounting(sigma: float, delta: float) -> None:
 
 
 def test_bit_identical_on_a_grid_of_the_values_runs_use() -> None:
-    for sigma in np.geomspace(0.05, 500.0, 61):
+    for sigma in np.geomspace(0.05, 500.0, 25):
         for delta in (1e-3, 1e-5, 1e-6, 1e-7, 1 / 2708**1.1, 1e-9, 1e-12):
             assert _search_gaussian_epsilon(float(sigma), delta) == float(dpa.get_epsilon_gaussian(float(sigma), delta))
 
