@@ -755,7 +755,7 @@ class GraphPartyRun:
                     run_id=session_id, step=step, node_ids=batch.tolist(), embeddings=message, checkpoint=save,
                 ))
                 timer.mark("send")
-                if prefetch is not None and worker is not None and not save:
+                if prefetch is not None and not save:
                     upcoming = next(steps, None)
                     if upcoming is not None:
                         prefetch(upcoming.batch)

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.nn.utils.parametrizations import spectral_norm as torch_spectral_norm
 
-from vesper.party_a.extractors.spectral_norm import _DivideBySigma, spectral_norm
+from vesper.party_a.extractors.spectral_norm import _DivideBySigmas, spectral_norm
 
 
 def _pair(seed: int, rows: int = 64, cols: int = 64) -> tuple[nn.Linear, nn.Linear]:
@@ -52,7 +52,7 @@ def test_gradient_is_exact_in_float64() -> None:
     weight = torch.randn(7, 5, dtype=torch.float64, generator=generator, requires_grad=True)
     u = torch.nn.functional.normalize(torch.randn(7, dtype=torch.float64, generator=generator), dim=0)
     v = torch.nn.functional.normalize(torch.randn(5, dtype=torch.float64, generator=generator), dim=0)
-    assert torch.autograd.gradcheck(lambda w: _DivideBySigma.apply(w, u, v), (weight,))
+    assert torch.autograd.gradcheck(lambda w: _DivideBySigmas.apply(u[None], v[None], w)[0], (weight,))
 
 
 def test_spectral_norm_of_the_result_is_one_after_power_steps() -> None:

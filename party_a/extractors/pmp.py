@@ -99,18 +99,14 @@ def _sum_messages(block: Block, h_src: torch.Tensor, messages: BlockMessages) ->
     return h_src.new_zeros(block.dst_count, h_src.shape[1]).index_add_(0, block.edge_dst, gathered)
 
 
-def gin_aggregate(block: Block, h_src: torch.Tensor, messages: BlockMessages | None = None) -> torch.Tensor:
+def gin_aggregate(block: Block, h_src: torch.Tensor) -> torch.Tensor:
     """a_v = Σ_{u ∈ N_s(v)} h_u for the block's destination nodes."""
-    return _sum_messages(block, h_src, messages or block_messages(block, None, h_src.dtype))
+    return _sum_messages(block, h_src, block_messages(block, None, h_src.dtype))
 
 
-def gcn_aggregate(
-    block: Block, h_src: torch.Tensor, capped_degree: torch.Tensor, d_min: int, messages: BlockMessages | None = None
-) -> torch.Tensor:
+def gcn_aggregate(block: Block, h_src: torch.Tensor, capped_degree: torch.Tensor, d_min: int) -> torch.Tensor:
     """a_v = 1[d̂_v ≥ D_min] Σ_{u ∈ N_s(v)} h_u / √((d̂_v+1)(d̂_u+1))  (eq. 33, neighbour part)."""
-    if messages is None:
-        messages = block_messages(block, gcn_weights(block, capped_degree, d_min, h_src.dtype), h_src.dtype)
-    return _sum_messages(block, h_src, messages)
+    return _sum_messages(block, h_src, block_messages(block, gcn_weights(block, capped_degree, d_min, h_src.dtype), h_src.dtype))
 
 
 @dataclass(frozen=True)
@@ -133,14 +129,17 @@ class PmpLayer(nn.Module):
         # with ‖W_agg‖_op pinned at 1, this gain lets training turn a noisy aggregate down
         self.agg_gain = nn.Parameter(torch.ones(())) if aggregates else None
 
-    def weights(self) -> LayerWeights:
+    def weights(self, self_weight: torch.Tensor | None = None, agg_weight: torch.Tensor | None = None) -> LayerWeights:
         """The weights, spectrally normalised: each read of a normalised weight runs a power
-        step, so a training step reads them once and hands them to both passes."""
+        step, so a training step reads them once and hands them to both passes.
+        ``self_weight``/``agg_weight``: the normalised weights, already read
+        (``PmpExtractor.step_weights`` reads every layer's at once)."""
+        w_self = self.self_weight.weight if self_weight is None else self_weight
         agg = None
         if self.agg_weight is not None and self.agg_gain is not None:
             # gain · (W_agg ǎ) as (gain · W_agg) ǎ: the gain scales d² numbers, not rows x d
-            agg = self.agg_gain * self.agg_weight.weight
-        return LayerWeights(self.self_weight.weight, self.self_weight.bias, agg)
+            agg = self.agg_gain * (self.agg_weight.weight if agg_weight is None else agg_weight)
+        return LayerWeights(w_self, self.self_weight.bias, agg)
 
     def forward(
         self, h_own: torch.Tensor, noisy_aggregate: torch.Tensor | None, weights: LayerWeights | None = None
@@ -177,10 +176,7 @@ class PmpExtractor(nn.Module):
         normalised = normalised_weights(linears)
         count = len(self.layers)
         return [
-            LayerWeights(
-                normalised[i], layer.self_weight.bias,
-                None if layer.agg_weight is None else layer.agg_gain * normalised[count + i],
-            )
+            layer.weights(normalised[i], normalised[count + i] if self.aggregates else None)
             for i, layer in enumerate(self.layers)
         ]
 
@@ -192,12 +188,18 @@ class PmpExtractor(nn.Module):
 
         ``capped_degree`` overrides the graph's, for a release that reads a subsample
         of the edges (its GCN coefficients must come from the graph it read).
-        ``messages``: the block's messages from :meth:`messages`, built ahead.
+        ``messages``: the block's messages from :meth:`messages`, built ahead; the same
+        as gin_aggregate / gcn_aggregate compute.
         """
+        if messages is None:
+            messages = self._block_messages(block, capped_degree, h_src.dtype)
+        return _sum_messages(block, h_src, messages)
+
+    def _block_messages(self, block: Block, capped_degree: torch.Tensor | None, dtype: torch.dtype) -> BlockMessages:
         if self.name == "pmp-gin":
-            return gin_aggregate(block, h_src, messages)
+            return block_messages(block, None, dtype)
         degree = self.capped_degree if capped_degree is None else capped_degree
-        return gcn_aggregate(block, h_src, degree, self.d_min, messages)
+        return block_messages(block, gcn_weights(block, degree, self.d_min, dtype), dtype)
 
     def messages(self, subgraph: SampledSubgraph, capped_degree: torch.Tensor | None = None) -> list[BlockMessages] | None:
         """Every block's messages and weights β_uv (as ``aggregate`` builds them itself when
@@ -206,12 +208,7 @@ class PmpExtractor(nn.Module):
         if not self.aggregates:
             return None
         dtype = self.layers[0].self_weight.bias.dtype
-        if self.name == "pmp-gin":
-            return [block_messages(block, None, dtype) for block in subgraph.blocks]
-        degree = self.capped_degree if capped_degree is None else capped_degree
-        return [
-            block_messages(block, gcn_weights(block, degree, self.d_min, dtype), dtype) for block in subgraph.blocks
-        ]
+        return [self._block_messages(block, capped_degree, dtype) for block in subgraph.blocks]
 
     @torch.no_grad()
     def noisy_aggregates(

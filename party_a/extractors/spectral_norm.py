@@ -2,12 +2,14 @@
 
 ``torch.nn.utils.parametrizations.spectral_norm`` computes σ = uᵀ W v (u, v from one power
 step) and W / σ through autograd: a dozen small kernels forward and backward per weight,
-0.44 ms against 0.07 ms for a plain 64 x 64 weight (docs/performance.md), which at four
-weights per step was a fifth of a PMP step. This is the same parametrization (it
-subclasses torch's: the same buffers ``_u``/``_v``, the same initialisation from the same
-random draws, the same power step, the same state dict) with the division written as one
-autograd function. Spectral normalisation is a utility choice: no sensitivity depends on
-‖W‖ (docs/privacy.md §2.2), so nothing here touches the privacy analysis.
+0.44 ms against 0.07 ms for a plain 64 x 64 weight (measured on this project's 2-core
+machines), which at four weights per step was a fifth of a PMP step. This is the same
+parametrization (it subclasses torch's: the same buffers ``_u``/``_v``, the same
+initialisation from the same random draws, the same power step, the same state dict) with
+the division written as one autograd function, and a PMP step normalises all its weights
+in one batch (:func:`normalised_weights`). Spectral normalisation is a utility choice: no
+sensitivity depends on ‖W‖ (docs/privacy.md §2.2), so nothing here touches the privacy
+analysis.
 """
 
 from __future__ import annotations
@@ -20,59 +22,13 @@ from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import _SpectralNorm
 
 
-class _DivideBySigma(torch.autograd.Function):
-    """W / σ with σ = uᵀ W v for fixed u, v, and its gradient
-
-        ∂L/∂W = (G − ⟨G, W/σ⟩ u vᵀ) / σ       (G = ∂L/∂(W/σ))
-
-    which is what autograd derives through vdot, mv and div, in three kernels."""
-
-    @staticmethod
-    def forward(ctx: Any, weight: torch.Tensor, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        sigma = torch.dot(u, torch.mv(weight, v))
-        normalised = weight / sigma
-        ctx.save_for_backward(normalised, u, v, sigma)
-        return normalised
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        normalised, u, v, sigma = ctx.saved_tensors
-        inner = torch.sum(grad * normalised)
-        return torch.addr(grad, u * inner, v, alpha=-1).div_(sigma), None, None
-
-
-class SpectralNorm(_SpectralNorm):
-    """torch's ``_SpectralNorm`` for a matrix normalised along dim 0, with ``_DivideBySigma``."""
-
-    @torch.no_grad()
-    def _power_step(self, weight: torch.Tensor) -> None:
-        """``_power_method(weight, 1)`` in place: u = normalize(W v), v = normalize(Wᵀ u), each
-        x / max(‖x‖, eps) as F.normalize computes it, without Module.__setattr__ (which
-        assigning the buffers goes through: a third of the step's time)."""
-        for _ in range(self.n_power_iterations):
-            for out, matrix, vector in ((self._u, weight, self._v), (self._v, weight.t(), self._u)):
-                torch.mv(matrix, vector, out=out)
-                out.div_(torch.linalg.vector_norm(out).clamp_(min=self.eps))
-
-    def forward(self, weight: torch.Tensor) -> torch.Tensor:
-        if weight.ndim != 2 or self.dim != 0:
-            return super().forward(weight)
-        if self.training:
-            self._power_step(weight)
-        # clones: a later power step updates the buffers in place, and backward needs these
-        return _DivideBySigma.apply(weight, self._u.clone(), self._v.clone())
-
-
-def spectral_norm(module: nn.Module, name: str = "weight") -> nn.Module:
-    """``torch.nn.utils.parametrizations.spectral_norm(module)`` with the defaults (one power
-    step, eps 1e-12, dim 0 for a Linear), made with :class:`SpectralNorm`."""
-    weight = getattr(module, name)
-    parametrize.register_parametrization(module, name, SpectralNorm(weight, n_power_iterations=1, dim=0, eps=1e-12))
-    return module
-
-
 class _DivideBySigmas(torch.autograd.Function):
-    """``_DivideBySigma`` for k stacked weights of one shape at once: W_i / σ_i, σ_i = u_iᵀ W_i v_i."""
+    """W_i / σ_i with σ_i = u_iᵀ W_i v_i for k stacked weights of one shape and fixed u_i, v_i,
+    and its gradient
+
+        ∂L/∂W_i = (G_i − ⟨G_i, W_i/σ_i⟩ u_i v_iᵀ) / σ_i       (G_i = ∂L/∂(W_i/σ_i))
+
+    which is what autograd derives through vdot, mv and div, in a few batched kernels."""
 
     @staticmethod
     def forward(ctx: Any, u: torch.Tensor, v: torch.Tensor, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -93,40 +49,55 @@ class _DivideBySigmas(torch.autograd.Function):
         return (None, None, *(None if g is None else r for g, r in zip(grads, result)))
 
 
+def _normalise(weights: list[torch.Tensor], norms: list[SpectralNorm]) -> list[torch.Tensor]:
+    """W / σ(W) for each weight and its parametrization, together: in training mode one power
+    step u = normalize(W v), v = normalize(Wᵀ u) first, written back to each ``_u``/``_v``
+    (x / max(‖x‖, eps), as torch's ``_power_method`` computes it)."""
+    u = torch.stack([n._u for n in norms])  # copies: the saved u, v survive later power steps
+    v = torch.stack([n._v for n in norms])
+    if norms[0].training:
+        with torch.no_grad():
+            stacked, eps = torch.stack([w.detach() for w in weights]), norms[0].eps
+            for _ in range(norms[0].n_power_iterations):
+                u = torch.bmm(stacked, v.unsqueeze(2)).squeeze(2)
+                u.div_(torch.linalg.vector_norm(u, dim=1, keepdim=True).clamp_(min=eps))
+                v = torch.bmm(stacked.transpose(1, 2), u.unsqueeze(2)).squeeze(2)
+                v.div_(torch.linalg.vector_norm(v, dim=1, keepdim=True).clamp_(min=eps))
+            for norm, new_u, new_v in zip(norms, u, v):
+                norm._u.copy_(new_u)
+                norm._v.copy_(new_v)
+    return list(_DivideBySigmas.apply(u, v, *weights))
+
+
+class SpectralNorm(_SpectralNorm):
+    """torch's ``_SpectralNorm`` for a matrix normalised along dim 0, computed by ``_normalise``."""
+
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        if weight.ndim != 2 or self.dim != 0:
+            return super().forward(weight)
+        return _normalise([weight], [self])[0]
+
+
+def spectral_norm(module: nn.Module, name: str = "weight") -> nn.Module:
+    """``torch.nn.utils.parametrizations.spectral_norm(module)`` with the defaults (one power
+    step, eps 1e-12, dim 0 for a Linear), made with :class:`SpectralNorm`."""
+    weight = getattr(module, name)
+    parametrize.register_parametrization(module, name, SpectralNorm(weight, n_power_iterations=1, dim=0, eps=1e-12))
+    return module
+
+
 def normalised_weights(modules: list[nn.Module]) -> list[torch.Tensor]:
     """``[m.weight for m in modules]`` for Linear modules normalised by :class:`SpectralNorm`,
     computed together: one power step and one division for all (in training mode, the power
     step updates each module's ``_u``/``_v`` as its own forward would). Modules without it,
-    or of other shapes, are read one by one."""
+    of other shapes or settings, or in mixed training modes are read one by one."""
     norms = [_spectral_norm_of(m) for m in modules]
-    shapes = {tuple(m.parametrizations.weight.original.shape) for m, n in zip(modules, norms) if n is not None}
-    if len(modules) < 2 or any(n is None for n in norms) or len(shapes) != 1:
-        return [m.weight for m in modules]
-    if len({(n.n_power_iterations, n.eps) for n in norms}) != 1:
+    if len(modules) < 2 or any(n is None for n in norms):
         return [m.weight for m in modules]
     raw = [m.parametrizations.weight.original for m in modules]
-    u = torch.stack([n._u for n in norms])
-    v = torch.stack([n._v for n in norms])
-    if any(n.training for n in norms):
-        if not all(n.training for n in norms):
-            return [m.weight for m in modules]
-        u, v = _power_steps(torch.stack([w.detach() for w in raw]), u, v, norms)
-    return list(_DivideBySigmas.apply(u, v, *raw))
-
-
-@torch.no_grad()
-def _power_steps(stacked: torch.Tensor, u: torch.Tensor, v: torch.Tensor, norms: list[SpectralNorm]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``SpectralNorm._power_step`` of every weight at once; writes the buffers back."""
-    eps = norms[0].eps
-    for _ in range(norms[0].n_power_iterations):
-        u = torch.bmm(stacked, v.unsqueeze(2)).squeeze(2)
-        u.div_(torch.linalg.vector_norm(u, dim=1, keepdim=True).clamp_(min=eps))
-        v = torch.bmm(stacked.transpose(1, 2), u.unsqueeze(2)).squeeze(2)
-        v.div_(torch.linalg.vector_norm(v, dim=1, keepdim=True).clamp_(min=eps))
-    for norm, new_u, new_v in zip(norms, u, v):
-        norm._u.copy_(new_u)
-        norm._v.copy_(new_v)
-    return u, v
+    if len({tuple(w.shape) for w in raw}) != 1 or len({(n.n_power_iterations, n.eps, n.training) for n in norms}) != 1:
+        return [m.weight for m in modules]
+    return _normalise(raw, norms)
 
 
 def _spectral_norm_of(module: nn.Module) -> SpectralNorm | None:
