@@ -770,6 +770,25 @@ BAD_EVENTS = st.one_of(
 )
 
 
+def _bad_accounting_setting(
+    draw: st.DrawFn, request: acc.CalibrateRequest | acc.EstimateRequest, fault: str, expects: list[Expect]
+) -> bool:
+    """The faults Calibrate and Estimate share (the same delta, accounting and accountant
+    fields): applies ``fault`` if it is one of them and says whether it was."""
+    if fault == "delta":
+        request.delta = draw(BAD_DELTAS)
+        expects.append(Expect(INVALID, "delta must be in"))
+    elif fault == "accounting":
+        request.accounting = draw(st.text(min_size=1, max_size=12).filter(lambda a: a not in ("visible-batch", "hidden-batch", "labels")))
+        expects.append(Expect(INVALID, "unknown accounting mode"))
+    elif fault == "accountant":
+        request.accountant = draw(st.text(min_size=1, max_size=12).filter(lambda a: a not in ("pld", "rdp")))
+        expects.append(Expect(INVALID, "unknown accountant"))
+    else:
+        return False
+    return True
+
+
 @st.composite
 def calibrate_requests(draw: st.DrawFn) -> tuple[acc.CalibrateRequest, list[Expect]]:
     request = acc.CalibrateRequest(mechanism="gaussian", plan=_plan(), target_epsilon=4.0, delta=DELTA)
@@ -777,21 +796,14 @@ def calibrate_requests(draw: st.DrawFn) -> tuple[acc.CalibrateRequest, list[Expe
     for fault in sorted(draw(st.sets(st.sampled_from(
         ["mechanism", "epsilon", "delta", "accounting", "accountant", "pass without rule", "rule", "two rules", "nothing"]
     ), min_size=1, max_size=3))):
+        if _bad_accounting_setting(draw, request, fault, expects):
+            continue
         if fault == "mechanism":
             request.mechanism = draw(st.text(max_size=12).filter(lambda m: m != "gaussian"))
             expects.append(Expect(INVALID, "unknown mechanism"))
         elif fault == "epsilon":
             request.target_epsilon = draw(st.sampled_from([0.0, -1.0, NAN, INF, -INF]))
             expects.append(Expect(INVALID, "target epsilon must be finite and > 0"))
-        elif fault == "delta":
-            request.delta = draw(BAD_DELTAS)
-            expects.append(Expect(INVALID, "delta must be in"))
-        elif fault == "accounting":
-            request.accounting = draw(st.text(min_size=1, max_size=12).filter(lambda a: a not in ("visible-batch", "hidden-batch", "labels")))
-            expects.append(Expect(INVALID, "unknown accounting mode"))
-        elif fault == "accountant":
-            request.accountant = draw(st.text(min_size=1, max_size=12).filter(lambda a: a not in ("pld", "rdp")))
-            expects.append(Expect(INVALID, "unknown accountant"))
         elif fault == "pass without rule":
             request.plan.passes.append(acc.PlannedPass(kind=draw(st.sampled_from(["eval", "one-shot", "pre-train"])), releases=3))
             expects.append(Expect(INVALID, "no rule for"))
@@ -837,6 +849,8 @@ def estimate_requests(draw: st.DrawFn) -> tuple[acc.EstimateRequest, list[Expect
     for fault in sorted(draw(st.sets(st.sampled_from(
         ["event", "no train rule", "two rules", "rule kind", "delta", "accounting", "accountant", "pass without rule", "hidden-batch"]
     ), min_size=1, max_size=3))):
+        if _bad_accounting_setting(draw, request, fault, expects):
+            continue
         if fault == "event":
             request.rules[0].release_event_json = draw(BAD_EVENTS)
             expects.append(Expect(INVALID, "bad release event"))
@@ -850,15 +864,6 @@ def estimate_requests(draw: st.DrawFn) -> tuple[acc.EstimateRequest, list[Expect
             request.rules.append(acc.ChargeRule(kind=draw(st.text(max_size=10).filter(
                 lambda k: k not in ("train", "eval", "one-shot", "pre-train"))), release_event_json=EVENT))
             expects.append(Expect(INVALID, "validation error"))
-        elif fault == "delta":
-            request.delta = draw(BAD_DELTAS)
-            expects.append(Expect(INVALID, "delta must be in"))
-        elif fault == "accounting":
-            request.accounting = draw(st.text(min_size=1, max_size=12).filter(lambda a: a not in ("visible-batch", "hidden-batch", "labels")))
-            expects.append(Expect(INVALID, "unknown accounting mode"))
-        elif fault == "accountant":
-            request.accountant = draw(st.text(min_size=1, max_size=12).filter(lambda a: a not in ("pld", "rdp")))
-            expects.append(Expect(INVALID, "unknown accountant"))
         elif fault == "pass without rule":
             request.passes.append(acc.PlannedPass(kind="one-shot", releases=draw(st.integers(1, 2**64 - 1))))
             expects.append(Expect(INVALID, "no rule for one-shot"))

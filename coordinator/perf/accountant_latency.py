@@ -20,11 +20,17 @@ import io
 import pstats
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vesper.coordinator.perf.figures import PerfFigure
+
+if TYPE_CHECKING:
+    from vesper.accountant.budget import Accountant
+    from vesper.accountant.ledger_store import LedgerStore
 
 GOAL_P99_MS = 5.0
 WARMUP = 10  # charges before the timed ones: the channel and SQLite's page cache warm up
@@ -153,23 +159,12 @@ def over_grpc(
 def in_process(workdir: Path, count: int, every_release_counted: bool = False) -> tuple[list[float], list[float], str]:
     """Seconds per ``Accountant.charge`` called directly (no gRPC) on a ledger file of the
     service's settings; seconds per SQLite commit of a ledger row alone; the cProfile top lines."""
-    from vesper.accountant.budget import Accountant
-    from vesper.accountant.ledger_store import LedgerStore
-
-    workdir.mkdir(parents=True, exist_ok=True)
-    store = LedgerStore(workdir / f"ledger-{int(time.time() * 1e6)}.sqlite")
-    try:
-        accountant = Accountant(store)
-        rules, delta = _rules(every_release_counted)
-        accountant.create_run("latency", "edge", "visible-batch", "pld", 1e9, delta, rules, "pmp-gcn", {})
-        event = {r.kind: r.release_event for r in rules}["train"]
+    with _ledger_with_a_run(workdir, every_release_counted) as (store, accountant, event):
         profile = cProfile.Profile()
         profile.enable()
         charges = _timed(lambda i: accountant.charge("latency", *_charge_arguments(i), event), count)
         profile.disable()
         commits = commit_seconds(store, store.charges("latency")[-1], min(count, 500))
-    finally:
-        store.close()
     text = io.StringIO()
     pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(12)
     return charges, commits, _top_lines(text.getvalue())
@@ -193,17 +188,25 @@ def commit_seconds(store: object, row: object, count: int, pace_s: float = 0.0, 
 
 def paced_commits(workdir: Path, count: int, pace_s: float) -> list[float]:
     """SQLite commits alone, ``pace_s`` apart, on a fresh ledger of the service's settings."""
+    with _ledger_with_a_run(workdir, False) as (store, accountant, event):
+        accountant.charge("latency", *_charge_arguments(0), event)
+        return commit_seconds(store, store.charges("latency")[-1], count, pace_s)
+
+
+@contextmanager
+def _ledger_with_a_run(workdir: Path, every_release_counted: bool) -> Iterator[tuple[LedgerStore, Accountant, str]]:
+    """A fresh ledger file of the service's settings in ``workdir``, an accountant over it
+    with the run "latency" created, and that run's training release event; closed after."""
     from vesper.accountant.budget import Accountant
     from vesper.accountant.ledger_store import LedgerStore
 
     workdir.mkdir(parents=True, exist_ok=True)
-    store = LedgerStore(workdir / f"ledger-paced-{time.time_ns()}.sqlite")
+    store = LedgerStore(workdir / f"ledger-{time.time_ns()}.sqlite")
     try:
         accountant = Accountant(store)
-        rules, delta = _rules(False)
+        rules, delta = _rules(every_release_counted)
         accountant.create_run("latency", "edge", "visible-batch", "pld", 1e9, delta, rules, "pmp-gcn", {})
-        accountant.charge("latency", *_charge_arguments(0), {r.kind: r.release_event for r in rules}["train"])
-        return commit_seconds(store, store.charges("latency")[-1], count, pace_s)
+        yield store, accountant, {r.kind: r.release_event for r in rules}["train"]
     finally:
         store.close()
 
