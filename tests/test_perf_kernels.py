@@ -210,9 +210,20 @@ def test_make_block_is_the_reference(seed, dst, messages, n) -> None:
 
 
 # -- aggregates and the extractor --------------------------------------------------------------
+def same_sums(path: str, got: torch.Tensor, expected: torch.Tensor) -> None:
+    """index_add_ adds each destination's messages in message order: bit for bit the reference.
+    torch.sparse.mm may not (MKL's CSR kernel on an AVX-512 CPU sums in another order, found on
+    this project's 2-core machines): the same sums to float rounding."""
+    if path == "index_add":
+        assert torch.equal(got, expected)
+    else:
+        tight = 1e-12 if got.dtype == torch.float64 else 1e-5
+        torch.testing.assert_close(got, expected, rtol=tight, atol=tight)
+
+
 @pytest.mark.parametrize("path", ["index_add", "sparse"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_aggregates_are_the_reference_bit_for_bit(monkeypatch, path: str, dtype: torch.dtype) -> None:
+def test_aggregates_are_the_reference(monkeypatch, path: str, dtype: torch.dtype) -> None:
     monkeypatch.setattr(pmp, "_SPARSE_FROM_MESSAGES", 0 if path == "sparse" else 1 << 62)
     for seed in range(8):
         rng = random.Random(seed)
@@ -223,10 +234,10 @@ def test_aggregates_are_the_reference_bit_for_bit(monkeypatch, path: str, dtype:
         subgraph = neighbour_sampler.sample(torch.arange(0, 120, 4), seeds)
         for block in subgraph.blocks:
             h = torch.rand(block.src_nodes.numel(), 16, dtype=dtype, generator=torch.Generator().manual_seed(seed))
-            assert torch.equal(pmp.gin_aggregate(block, h), reference_gin_aggregate(block, h))
+            same_sums(path, pmp.gin_aggregate(block, h), reference_gin_aggregate(block, h))
             for d_min in (0, 1, 3):
                 expected = reference_gcn_aggregate(block, h, capped, d_min)
-                assert torch.equal(pmp.gcn_aggregate(block, h, capped, d_min), expected)
+                same_sums(path, pmp.gcn_aggregate(block, h, capped, d_min), expected)
 
 
 @pytest.mark.parametrize("path", ["index_add", "sparse"])
@@ -235,8 +246,8 @@ def test_aggregates_take_any_message_order_and_empty_blocks_and_pass_gradients(m
     block = Block(3, torch.tensor([4, 1, 7, 2]), torch.tensor([2, 0, 2, 1, 0]), torch.tensor([1, 3, 0, 2, 2]))
     capped = torch.tensor([0, 1, 2, 3, 1, 5, 6, 2])
     h = torch.rand(4, 5, dtype=torch.float64, requires_grad=True)
-    assert torch.equal(pmp.gin_aggregate(block, h), reference_gin_aggregate(block, h))
-    assert torch.equal(pmp.gcn_aggregate(block, h, capped, 1), reference_gcn_aggregate(block, h, capped, 1))
+    same_sums(path, pmp.gin_aggregate(block, h), reference_gin_aggregate(block, h))
+    same_sums(path, pmp.gcn_aggregate(block, h, capped, 1), reference_gcn_aggregate(block, h, capped, 1))
     pmp.gcn_aggregate(block, h, capped, 1).sum().backward()
     expected = h.detach().clone().requires_grad_()
     reference_gcn_aggregate(block, expected, capped, 1).sum().backward()
@@ -261,7 +272,8 @@ def test_the_extractor_releases_the_reference_aggregates_and_embeddings(monkeypa
     with torch.no_grad():
         got = model.noisy_aggregates(subgraph, features, 0.7, torch.Generator().manual_seed(3))
         expected = reference_noisy_aggregates(model, subgraph, features, 0.7, torch.Generator().manual_seed(3), capped)
-    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    for a, b in zip(got, expected, strict=True):
+        same_sums("sparse", a, b)
 
 
 # -- the device ----------------------------------------------------------------------------------

@@ -42,9 +42,10 @@ _SPARSE_FROM_MESSAGES = 1024  # below, gathering the messages costs less than bu
 def _adjacency(block: Block, weight: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
     """The block's messages as a sparse CSR matrix [dst, src], one entry per message.
 
-    Within a row the entries keep the block's message order, so ``torch.sparse.mm`` adds
-    up each destination's messages in the order ``index_add_`` does; it does so without
-    materialising a [messages, d] tensor: 2.5x faster on CPU at 17k messages, d = 64.
+    Within a row the entries keep the block's message order; ``torch.sparse.mm`` adds up each
+    destination's messages without materialising a [messages, d] tensor (faster on CPU from
+    about a thousand messages: docs/performance.md), equal to ``index_add_``'s sums to float
+    rounding (MKL's kernel may add them in another order: tests/test_perf_kernels.py).
     """
     edge_dst, edge_src = block.edge_dst, block.edge_src
     values = torch.ones(edge_dst.numel(), dtype=dtype, device=edge_dst.device) if weight is None else weight
@@ -89,7 +90,7 @@ def _sum_messages(block: Block, h_src: torch.Tensor, messages: BlockMessages) ->
     """Per destination, the (weighted) sum of its messages h_u, added in message order.
 
     Small blocks gather the messages and ``index_add_`` them; from
-    ``_SPARSE_FROM_MESSAGES`` on, the sparse product is faster (tests: the same values).
+    ``_SPARSE_FROM_MESSAGES`` on, the sparse product is faster (tests: the same sums to float rounding).
     """
     if messages.adjacency is not None:
         return torch.sparse.mm(messages.adjacency, h_src)
