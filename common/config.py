@@ -76,9 +76,25 @@ class OptimizerConfig(_Model):
     weight_decay: float = Field(0.0, ge=0, allow_inf_nan=False)
 
 
+# δ is public: declared, never computed from A's graph (docs/privacy.md, section 1). At 1e-6 the
+# usual rule δ < 1/|E| holds for graphs of up to a million edges; declare a smaller δ for larger ones.
+DEFAULT_DELTA = 1e-6
+
+
 class PrivacyConfig(_Model):
     epsilon: float = Field(8.0, description="edge-level budget; inf = no noise and no budget")
-    delta: float | None = Field(None, description="default 1/|E| of party A's graph")
+    delta: float = Field(
+        DEFAULT_DELTA,
+        description="δ, public: declared by A's operator, never computed from A's graph (an exact |E| would "
+        "decide an edge). The default 1e-6 is below 1/|E| for graphs of up to a million edges; declare a "
+        "smaller δ for larger graphs",
+    )
+    edge_bound: int | None = Field(
+        None, ge=1,
+        description="a public upper bound on the number of A's undirected edges, declared by A's operator; "
+        "rates that need |E| use it (relational pre-training: q = expected_batch / edge_bound), never the "
+        "exact count",
+    )
     accounting: AccountingMode = Field(
         "visible-batch",
         description="visible-batch (B sees each batch; the default) or hidden-batch (the paper's "
@@ -100,10 +116,16 @@ class PrivacyConfig(_Model):
             raise ValueError("epsilon must be > 0 (or inf for a non-private run)")
         return value
 
+    @field_validator("delta", mode="before")
+    @classmethod
+    def _declared_delta(cls, value: object) -> object:
+        # records written before δ became a declared setting hold null (then: 1/|E|, now refused as a rule)
+        return DEFAULT_DELTA if value is None else value
+
     @field_validator("delta")
     @classmethod
-    def _delta_range(cls, value: float | None) -> float | None:
-        if value is not None and not 0 < value < 1:
+    def _delta_range(cls, value: float) -> float:
+        if not 0 < value < 1:
             raise ValueError("delta must be in (0, 1)")
         return value
 

@@ -44,6 +44,10 @@ log = logging.getLogger(__name__)
 
 Layout = Literal["pitfalls", "heterophily"]
 BUNDLED = ("cora",)
+# Published undirected edge counts of the public benchmark graphs (shared/data/README.md): what an
+# operator of these datasets may declare as privacy.edge_bound, a public fact of a public graph.
+# vesper never counts a party's edges to fill in a public setting.
+PUBLISHED_EDGE_COUNTS = {"cora": 5_278, "tolokers": 519_000, "twitch_engb": 35_324}
 
 _PITFALLS_KEYS = {"adj_data", "adj_indices", "adj_indptr", "adj_shape", "attr_data", "attr_indices", "attr_indptr", "attr_shape", "labels"}
 _HETEROPHILY_KEYS = {"node_features", "node_labels", "edges"}

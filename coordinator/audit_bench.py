@@ -33,6 +33,7 @@ from rich.console import Console
 
 from vesper.common.config import RunConfig, RunSummary, set_dotted
 from vesper.coordinator.epsilon_flags import parse_epsilons
+from vesper.coordinator.public_facts import with_published_edge_bound
 from vesper.coordinator.worker_pool import newest_only, run_cells
 
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ def cell_config(
         set_dotted(data, dotted, value)
     data["privacy"].update({"epsilon": epsilon, "accounting": accounting})
     data["audit"] = {"canaries": canaries, "canary_seed": seed, "membership": membership, "record_releases": True}
-    return RunConfig.model_validate(data)
+    return with_published_edge_bound(RunConfig.model_validate(data))
 
 
 def supports_tfts(extractor: str) -> bool:

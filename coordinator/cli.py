@@ -27,6 +27,8 @@ from vesper.common.config import (
     load_config,
     set_dotted,
 )
+from vesper.common.dataset_files import BUNDLED
+from vesper.coordinator.public_facts import with_published_edge_bound
 from vesper.coordinator.run_client import format_epsilon
 
 app = typer.Typer(
@@ -134,6 +136,16 @@ AccountantOpt = typer.Option(None, "--accountant", help="Numerical accountant: p
 DegreeBoundOpt = typer.Option(
     None, "--degree-bound", help="D of the stable degree projection of A's graph (0 = none).", min=0
 )
+DeltaOpt = typer.Option(
+    None, "--delta",
+    help="δ of the edge-level budget, public: declared, never computed from A's graph (default 1e-6, below "
+    "1/|E| for graphs of up to a million edges; declare a smaller δ for larger graphs).",
+)
+EdgeBoundOpt = typer.Option(
+    None, "--edge-bound", min=1,
+    help="A public upper bound on the number of A's edges, declared by A's operator; rates that need |E| use it "
+    "(relational pre-training: q = expected_batch / edge bound), never the exact count.",
+)
 EdgeRateOpt = typer.Option(
     None, "--edge-sample-rate",
     help="q: A keeps a secret Poisson sample of its edges at this rate per release, credited under visible-batch.",
@@ -189,6 +201,8 @@ def _overrides(**kw: Any) -> dict[str, Any]:
         "privacy.accounting": kw["accounting"],
         "privacy.accountant": kw["accountant"],
         "privacy.edge_sample_rate": kw["edge_sample_rate"],
+        "privacy.delta": kw["delta"],
+        "privacy.edge_bound": kw["edge_bound"],
         "extractor.degree_bound": kw["degree_bound"],
         "epochs": kw["epochs"],
         "seed": kw["seed"],
@@ -375,6 +389,8 @@ def train(
     accounting: Optional[Accounting] = AccountingOpt,
     accountant: Optional[AccountantChoice] = AccountantOpt,
     edge_sample_rate: Optional[float] = EdgeRateOpt,
+    delta: Optional[float] = DeltaOpt,
+    edge_bound: Optional[int] = EdgeBoundOpt,
     degree_bound: Optional[int] = DegreeBoundOpt,
     batch_size: Optional[int] = BatchOpt,
     layers: Optional[int] = LayersOpt,
@@ -659,6 +675,8 @@ def demo(
     accounting: Optional[Accounting] = AccountingOpt,
     accountant: Optional[AccountantChoice] = AccountantOpt,
     edge_sample_rate: Optional[float] = EdgeRateOpt,
+    delta: Optional[float] = DeltaOpt,
+    edge_bound: Optional[int] = EdgeBoundOpt,
     degree_bound: Optional[int] = DegreeBoundOpt,
     batch_size: Optional[int] = BatchOpt,
     layers: Optional[int] = LayersOpt,
@@ -691,6 +709,9 @@ def demo(
         overrides["extractor.name"] = "relational"  # a frozen encoder A trains without B's labels
         console.print("label privacy pate: party A uses the relational extractor (pre-trained without B's labels)")
     run = _run_config(cfg, overrides)
+    if run.extractor.name in ("relational", "relational-gap") and run.privacy.edge_bound is None and run.dataset in BUNDLED:
+        run = with_published_edge_bound(run)  # the bundled graph is public: its published size is a public bound
+        console.print(f"{run.dataset}: its published {run.privacy.edge_bound:,} edges declared as privacy.edge_bound")
     if baseline and run.label_privacy.mode == "pate":
         baseline = False
         console.print("label privacy pate: no MLP baseline (its encoder would be frozen untrained)")

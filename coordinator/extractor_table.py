@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from rich.console import Console
 
 from vesper.common.config import RunConfig, RunSummary, set_dotted
+from vesper.coordinator.public_facts import with_published_edge_bound
 
 DEFAULT_EXTRACTORS = ("mlp", "pmp-gin", "pmp-gcn", "gap", "vfgnn", "dpar-edge")
 
@@ -85,7 +86,7 @@ def run_config(base: RunConfig, dataset: str, extractor: str, seed: int, decoder
         data["decoder"]["kind"] = decoder
     for dotted, value in RECIPES.get(extractor, {}).items():
         set_dotted(data, dotted, value)
-    return RunConfig.model_validate(data)
+    return with_published_edge_bound(RunConfig.model_validate(data))
 
 
 _OPTIONAL = {name for name, field in TableRow.model_fields.items() if not field.is_required() and field.default is None}

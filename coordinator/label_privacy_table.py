@@ -39,6 +39,7 @@ from vesper.common.config import RunConfig, RunSummary, load_config
 from vesper.common.dataset_files import DatasetError, load_label_part, resolve_dataset
 from vesper.common.splits import split_for
 from vesper.coordinator.epsilon_flags import parse_epsilons
+from vesper.coordinator.public_facts import with_published_edge_bound
 from vesper.coordinator.worker_pool import run_cells
 
 if TYPE_CHECKING:
@@ -149,7 +150,7 @@ def cell_config(
     data["label_privacy"].update({"mode": mode, "epsilon": epsilon})
     if mode == "pate" and pate_extractor:
         data["extractor"].update({"name": pate_extractor, "params": {}})
-    return RunConfig.model_validate(data)
+    return with_published_edge_bound(RunConfig.model_validate(data))
 
 
 def _ceiling(summary: RunSummary, mode: str, epsilon: float, labels: np.ndarray, num_classes: int) -> float | None:

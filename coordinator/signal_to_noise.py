@@ -98,7 +98,7 @@ def signal_norms(data: GraphData, config: RunConfig, aggregation: str, whole: bo
 def profile(config: RunConfig, dataset: Path, extractor: str) -> Profile:
     data = GraphData.load(dataset, torch.device("cpu"))
     run = config.model_copy(update={"extractor": config.extractor.model_copy(update={"name": extractor, "params": {}})})
-    delta = run.privacy.delta or 1.0 / max(2, data.graph.num_edges)
+    delta = run.privacy.delta
     cls = lookup(extractor)
     setup = ExtractorSetup(
         config=run, params=validated_params(cls.spec, run), graph=data.graph, features=data.features,

@@ -144,8 +144,8 @@ def observe_releases(extractor: Extractor, statistics: CanaryStatistics) -> None
     references = _References(extractor, statistics.draw)
     mechanism = extractor.model.noisy_aggregates
 
-    def observed(subgraph, features, noise_std, generator, capped_degree=None, weights=None, messages=None):  # noqa: ANN001, ANN202 (same signature)
-        noisy = mechanism(subgraph, features, noise_std, generator, capped_degree, weights, messages)
+    def observed(subgraph, features, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202 (same signature)
+        noisy = mechanism(subgraph, features, *args, **kwargs)
         slots = statistics.slot[subgraph.roots.cpu()]
         hit = slots >= 0
         if bool(hit.any()):

@@ -1,12 +1,16 @@
 """Per release, a secret Poisson sample of party A's edges (the visible-batch credit).
 
-Every undirected edge is kept independently with probability q, with coins drawn
-afresh for each release from A's secret generator, which B never sees. If the edge
-(u*, v*) that separates two neighbouring graphs is not drawn, the sampled graphs are
-identically distributed; if it is, they differ by that one edge and the extractor's
-sensitivity applies. That is Poisson subsampling with add/remove neighbours, so each
-counted release is charged PoissonSampledDpEvent(q, GaussianDpEvent(z))
-(docs/privacy.md, section 5.2, eq. L2).
+Every undirected edge is kept independently with probability q, with coins drawn afresh
+for each release from A's secret randomness, which B never sees. If the edge (u*, v*)
+that separates two neighbouring graphs is not drawn, the sampled graphs are identically
+distributed; if it is, they differ by that one edge and the extractor's sensitivity
+applies. That is Poisson subsampling with add/remove neighbours, so each counted release
+is charged PoissonSampledDpEvent(q, GaussianDpEvent(z)) (docs/privacy.md, section 5.2,
+eq. L2).
+
+Edge {u, v}'s coin in one release is a keyed hash of the release's key and the pair
+(``sampler.keyed_uniform``), so it is the same in both neighbouring graphs, and both CSR
+slots of the edge share it, whatever other edges the graph holds (docs/privacy.md, 2.3).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from vesper.party_a.graph_store import Graph
+from vesper.party_a.sampler import keyed_uniform
 
 
 class EdgeSubsampler:
@@ -23,16 +28,14 @@ class EdgeSubsampler:
         self.graph = graph
         self.rate = rate
         src = graph.slot_rows
-        low = torch.minimum(src, graph.indices)
-        high = torch.maximum(src, graph.indices)
-        # both CSR slots of an undirected edge share one id, so both directions share one coin
-        _, self.edge_of_slot = torch.unique(low * graph.num_nodes + high, return_inverse=True)
+        self.low = torch.minimum(src, graph.indices)
+        self.high = torch.maximum(src, graph.indices)
         self.row_of_slot = src
 
     def sample(self, generator: torch.Generator) -> Graph:
-        """The graph of one release: each undirected edge kept with probability q."""
-        coins = torch.rand(self.graph.num_edges, generator=generator) < self.rate
-        keep = coins.to(self.graph.device)[self.edge_of_slot]
+        """The graph of one release: each undirected edge kept with probability q (one key drawn)."""
+        key = torch.randint(0, 1 << 32, (2,), generator=generator, dtype=torch.int64).tolist()
+        keep = keyed_uniform((int(key[0]), int(key[1])), self.low, self.high) < self.rate
         counts = torch.bincount(self.row_of_slot[keep], minlength=self.graph.num_nodes)
         indptr = torch.zeros(self.graph.num_nodes + 1, dtype=torch.int64, device=self.graph.device)
         indptr[1:] = torch.cumsum(counts, 0)

@@ -6,7 +6,7 @@
                        how each release is charged (the calibrated z), and A's secret
                        generators as they stood before the first release
     checkpoint-<s>.pt  after s training steps of the main session: the extractor and
-                       optimiser, the generators (sampling, noise, batch order, dropout),
+                       optimiser, the generators (sampling, noise, batch order),
                        and the position in the epoch; the newest KEEP are kept
     releases.jsonl     one line per release sent to B: its release key and the SHA-256
                        of the exact bytes sent, appended (and synced) before it is sent
@@ -88,7 +88,6 @@ class Checkpoint:
     optimizer: dict[str, Any] | None
     sampling: torch.Tensor
     noise: torch.Tensor
-    dropout: list[torch.Tensor | None]
     charges: int  # ledger rows of the run when it was taken
     epsilon_spent: float
     steps_done: int

@@ -62,6 +62,15 @@ def pair_keys(seed: tuple[int, int], v: torch.Tensor, u: torch.Tensor) -> torch.
     return _mix32(h ^ seed[1])
 
 
+def keyed_uniform(key: tuple[int, int], a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """U(a, b) in [0, 1), float64 with 53 random bits: two keyed 32-bit hashes (:func:`pair_keys`)
+    of the pair (a, b); broadcasts like ``a ^ b``. A coin that depends on the key and the pair
+    alone, whatever else is drawn (docs/privacy.md, section 2.3)."""
+    high = pair_keys(key, a, b)
+    low = pair_keys((key[1], key[0]), a, b)
+    return ((high << 21) | (low >> 11)).to(torch.float64) * 2.0**-53
+
+
 def _int32_bits(value: int) -> int:
     """The int32 with the same 32 bits as the unsigned ``value``."""
     return value - (1 << 32) if value >= (1 << 31) else value

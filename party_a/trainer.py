@@ -39,7 +39,6 @@ from vesper.common.optim import build_optimizer
 from vesper.common.privacy.events import event_to_json
 from vesper.common.privacy.ledger import ChargeRule, PlanRule
 from vesper.common.secret_randomness import secret_base
-from vesper.common.seeded_dropout import dropout_states, restore_dropout_states
 from vesper.common.wire import (
     WireError,
     decode_tensor,
@@ -260,10 +259,8 @@ class GraphPartyRun:
         )
         self.canaries: CanaryDraw | None = None
         self.canary_statistics: CanaryStatistics | None = None
-        # the default δ = 1/|E| counts the canaries to be planted: they are edges of the graph the run reads
-        # (if B's split leaves room for fewer pairs, |E| is overcounted and δ a little smaller than 1/|E|)
-        planted = 0 if self.canary_coins is None else int(self.canary_coins.sum())
-        self.delta = config.privacy.delta or 1.0 / max(2, data.graph.num_edges + planted)
+        # δ is public, declared with the run: never a statistic of A's graph (docs/privacy.md, section 1)
+        self.delta = config.privacy.delta
         self.epsilon_spent = 0.0
         self.steps_done = 0
         self.status_url = f"{settings.accountant_status_url.rstrip('/')}/v1/runs/{self.run_id}"
@@ -447,8 +444,6 @@ class GraphPartyRun:
         at A (ValueError: unknown or misconfigured)."""
         cls = lookup(self.config.extractor.name)
         params = validated_params(cls.spec, self.config)
-        if self.config.privacy.delta is None and cls.spec.privacy_unit == "node":
-            self.delta = 1.0 / max(2, self.data.graph.num_nodes)
         self.report(ProgressEvent("setup", message=f"building extractor {cls.spec.name}"))
         setup = ExtractorSetup(
             config=self.config, params=params, graph=self.data.graph if graph is None else graph,
@@ -842,7 +837,6 @@ class GraphPartyRun:
             position=position, extractor=extractor.state_dict(),
             optimizer=None if optimizer is None else optimizer.state_dict(),
             sampling=self.sampling_generator.get_state(), noise=self.noise_generator.get_state(),
-            dropout=dropout_states(extractor) if isinstance(extractor, nn.Module) else [],
             charges=self.charges, epsilon_spent=self.epsilon_spent, steps_done=self.steps_done,
         )
         self.files.save_checkpoint(self.checkpoint)
@@ -856,8 +850,6 @@ class GraphPartyRun:
             optimizer.load_state_dict(saved.optimizer)
         self.sampling_generator.set_state(saved.sampling)
         self.noise_generator.set_state(saved.noise)
-        if isinstance(extractor, nn.Module):
-            restore_dropout_states(extractor, saved.dropout, self.device)
         self.steps_done = saved.steps_done
         self.report(ProgressEvent(
             "train", message=f"resumed from the checkpoint after step {saved.position.step}",

@@ -17,6 +17,7 @@ from conftest import random_graph
 
 from vesper.party_a.extractors import appr
 from vesper.party_a.graph_store import Graph, build_graph
+from vesper.party_a.noise import NoiseSource
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -123,7 +124,7 @@ def test_without_noise_both_mechanisms_release_the_exact_top_k() -> None:
     expected = torch.topk(p.clamp(max=0.05), 3, dim=1).values
     for mechanism in ("gaussian", "exponential"):
         top = appr.private_top_k(
-            graph, sources, alpha=0.25, rho=0.0, iterations=5, clip=0.05, k=3, mechanism=mechanism, noise=0.0, generator=None,
+            graph, sources, alpha=0.25, rho=0.0, iterations=5, clip=0.05, k=3, mechanism=mechanism, noise=0.0, source=None,
         )
         chosen = p.clamp(max=0.05).gather(1, top.indices)
         torch.testing.assert_close(chosen, expected)  # the same scores (ties may swap indices)
@@ -133,7 +134,7 @@ def test_without_noise_both_mechanisms_release_the_exact_top_k() -> None:
 def test_batching_does_not_change_the_release() -> None:
     graph = random_graph(random.Random(6), 50, 0.1)
     sources = torch.arange(50)
-    kwargs = dict(alpha=0.3, rho=0.0, iterations=4, clip=0.1, k=4, mechanism="gaussian", noise=0.0, generator=None)
+    kwargs = dict(alpha=0.3, rho=0.0, iterations=4, clip=0.1, k=4, mechanism="gaussian", noise=0.0, source=None)
     whole = appr.private_top_k(graph, sources, **kwargs, batch_elements=1 << 20)
     batched = appr.private_top_k(graph, sources, **kwargs, batch_elements=3 * 50)
     assert torch.equal(whole.values, batched.values)
@@ -142,14 +143,14 @@ def test_batching_does_not_change_the_release() -> None:
 def test_k_is_capped_at_the_number_of_candidates_and_noise_follows_the_generator() -> None:
     graph = build_graph(torch.tensor([[0, 1], [1, 2]]), 3)
     kwargs = dict(alpha=0.25, rho=0.0, iterations=3, clip=0.05, k=8, mechanism="gaussian", noise=1.0)
-    first = appr.private_top_k(graph, torch.arange(3), **kwargs, generator=torch.Generator().manual_seed(1))
-    again = appr.private_top_k(graph, torch.arange(3), **kwargs, generator=torch.Generator().manual_seed(1))
+    first = appr.private_top_k(graph, torch.arange(3), **kwargs, source=NoiseSource(torch.Generator().manual_seed(1)))
+    again = appr.private_top_k(graph, torch.arange(3), **kwargs, source=NoiseSource(torch.Generator().manual_seed(1)))
     assert first.indices.shape == (3, 2)
     assert torch.equal(first.indices, again.indices) and torch.equal(first.values, again.values)
 
 
 def test_gaussian_noise_has_the_requested_scale() -> None:
-    noise = appr.gaussian_noise_like(torch.zeros(400, 500), 0.3, torch.Generator().manual_seed(0))
+    noise = NoiseSource(torch.Generator().manual_seed(0)).gaussian(torch.zeros(400, 500), 0.3)
     assert noise.mean().abs() < 0.003 and noise.std() == pytest.approx(0.3, rel=0.01)
 
 
@@ -161,7 +162,7 @@ def _chi_square(counts: torch.Tensor, probabilities: torch.Tensor) -> float:
 def test_gumbel_top_1_is_the_exponential_mechanism() -> None:
     u = torch.tensor([0.0, 0.05, 0.1, 0.2, -math.inf])
     scale, draws = 0.08, 40_000
-    chosen = appr.gumbel_top_k(u.repeat(draws, 1), 1, scale, torch.Generator().manual_seed(2))[:, 0]
+    chosen = appr.gumbel_top_k(u.repeat(draws, 1), 1, scale, NoiseSource(torch.Generator().manual_seed(2)))[:, 0]
     assert not (chosen == 4).any()  # −∞ (the source itself) is never chosen
     probabilities = torch.softmax(u[:4] / scale, 0)
     counts = torch.bincount(chosen, minlength=4)[:4].double()
@@ -171,7 +172,7 @@ def test_gumbel_top_1_is_the_exponential_mechanism() -> None:
 def test_gumbel_top_2_is_two_peeling_rounds() -> None:
     u = torch.tensor([0.0, 0.1, 0.2])
     scale, draws = 0.1, 40_000
-    chosen = appr.gumbel_top_k(u.repeat(draws, 1), 2, scale, torch.Generator().manual_seed(3))
+    chosen = appr.gumbel_top_k(u.repeat(draws, 1), 2, scale, NoiseSource(torch.Generator().manual_seed(3)))
     weights = torch.exp(u / scale).double()
     pairs = [(a, b) for a in range(3) for b in range(3) if a != b]
     # Pr[(a, b)] = w_a / Σw · w_b / (Σw − w_a): EM, then EM over the rest
@@ -208,4 +209,4 @@ def test_bad_arguments_are_refused() -> None:
         appr.ista_appr(op, torch.arange(2), 0.5, 0.0, 0)
     with pytest.raises(ValueError, match="mechanism"):
         appr.private_top_k(graph, torch.arange(2), alpha=0.5, rho=0, iterations=2, clip=0.1, k=1, mechanism="laplace",  # type: ignore[arg-type]
-                           noise=0.0, generator=None)
+                           noise=0.0, source=None)

@@ -45,6 +45,7 @@ from vesper.party_a.extractors.dpar_node import (
     split_multipliers,
 )
 from vesper.party_a.graph_store import Graph, build_graph
+from vesper.party_a.noise import NoiseSource
 
 TOLERANCE = 1e-5
 DIM, HIDDEN, FEATURES = 4, 6, 5
@@ -109,7 +110,7 @@ class Pair:
         sources = torch.arange(self.graph.num_nodes)
         top_nodes, top_values = dp_appr_top_k(
             self.graph, sources, alpha=p.alpha, rho=p.rho, iterations=p.ista_iterations, clip=p.appr_clip,
-            k=p.top_k, noise_std=self.appr_noise, generator=torch.Generator().manual_seed(self.seed),
+            k=p.top_k, noise_std=self.appr_noise, source=NoiseSource(torch.Generator().manual_seed(self.seed)),
         )
         hoods = build_neighbourhoods(sources, top_nodes, top_values, self.graph.num_nodes, p)
         with_v.hoods = without_v.hoods = hoods

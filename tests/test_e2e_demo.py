@@ -49,7 +49,7 @@ def test_demo_trains_reports_and_shuts_down(tmp_path: Path) -> None:
 # (relational runs in the pate demo below)
 QUICK = {
     "gap": ["--param", "encoder_epochs=2"], "vfgnn": [], "dpar-edge": [], "dpar-node": ["--param", "train_encoder=false"],
-    "relational-gap": ["--param", "pretrain_steps=10", "--param", "encoder_epochs=2"],
+    "relational-gap": ["--param", "pretrain_steps=10", "--param", "encoder_epochs=2", "--edge-bound", "5278"],
     "heterpoisson": ["--batch-size", "512", "--dim", "16"],
 }
 

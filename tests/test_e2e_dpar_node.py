@@ -18,6 +18,7 @@ import httpx
 import pytest
 from e2e import ledger, receipts, vesper
 
+from vesper.common.config import DEFAULT_DELTA
 from vesper.coordinator.processes import LocalCluster
 from vesper.party_a.extractors.dpar_node import DparNodeParams, split_multipliers
 
@@ -46,7 +47,7 @@ def test_node_level_run_charges_the_one_shot_then_one_gaussian_per_pass(cluster:
     summary = json.loads(out.read_text())
     print(f"dpar-node e2e run: {summary['seconds']} s")
     assert summary["status"] == "completed" and summary["extractor"] == "dpar-node"
-    assert summary["privacy_unit"] == "node" and summary["delta"] == pytest.approx(1 / CORA_NODES)
+    assert summary["privacy_unit"] == "node" and summary["delta"] == DEFAULT_DELTA
     assert 0 < summary["epsilon_spent"] <= 4 and summary["participation_bound"] == 1
     assert 0 <= summary["test_metric"]["value"] <= 1
     run_id, z = summary["run_id"], summary["noise_multiplier"]

@@ -17,6 +17,7 @@ import dp_accounting as dpa
 import pytest
 from e2e import fast_run, ledger, receipts, vesper
 
+from vesper.common.config import DEFAULT_DELTA
 from vesper.common.privacy.accounting import epsilon_of
 from vesper.coordinator.processes import LocalCluster
 
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.e2e
 HOPS = 2
 ENCODER_EPOCHS = 2
 CORA_STEPS = 6  # ceil(train nodes / 256) for Cora's stratified split
-CORA_DELTA = 1 / 5278
+CORA_DELTA = DEFAULT_DELTA  # declared, never 1/|E| (docs/privacy.md, section 1)
 
 
 @pytest.fixture(scope="module")

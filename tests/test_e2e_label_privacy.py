@@ -30,7 +30,8 @@ from vesper.coordinator.processes import LocalCluster
 
 pytestmark = pytest.mark.e2e
 
-RELATIONAL = ("--extractor", "relational", "--param", "pretrain_steps=4", "--param", "expected_batch=1024")
+# Cora's published 5,278 edges, declared as the public bound relational's rate q = b/bound needs
+RELATIONAL = ("--extractor", "relational", "--param", "pretrain_steps=4", "--param", "expected_batch=1024", "--edge-bound", "5278")
 
 
 @pytest.fixture(scope="module")

@@ -21,17 +21,21 @@ import httpx
 import pytest
 from e2e import ledger, receipts, vesper
 
+from vesper.common.config import DEFAULT_DELTA
 from vesper.common.privacy.accounting import epsilon_of
 from vesper.common.privacy.events import event_from_json
 from vesper.coordinator.processes import LocalCluster
 
 pytestmark = pytest.mark.e2e
 
-CORA_NODES, CORA_EDGES = 2708, 5278
-CORA_DELTA = 1 / CORA_EDGES
+CORA_NODES, CORA_EDGES = 2708, 5278  # Cora's published edges, declared as the public edge bound
+CORA_DELTA = DEFAULT_DELTA  # declared, never 1/|E| (docs/privacy.md, section 1)
 BATCH = 1024  # expected positive edges per DP-SGD step: q = 1024/5278
 STEPS_PER_CHARGE = math.ceil(CORA_EDGES / BATCH)  # one epoch: 6 steps per pre-train release
-PRETRAIN = ("--param", f"pretrain_steps={2 * STEPS_PER_CHARGE}", "--param", f"expected_batch={BATCH}")
+PRETRAIN = (
+    "--param", f"pretrain_steps={2 * STEPS_PER_CHARGE}", "--param", f"expected_batch={BATCH}",
+    "--edge-bound", str(CORA_EDGES),
+)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from e2e import fast_run, ledger, receipts, runner, vesper
 
+from vesper.common.config import DEFAULT_DELTA
 from vesper.coordinator.cli import app
 from vesper.coordinator.processes import LocalCluster
 
@@ -40,7 +41,7 @@ def test_train_status_and_ledger_agree(cluster: LocalCluster, tmp_path: Path) ->
     assert summary["extractor"] == "pmp-gcn" and summary["accounting"] == "visible-batch"
     assert summary["test_metric"]["name"] == "accuracy" and 0 <= summary["test_metric"]["value"] <= 1
     assert 0 < summary["epsilon_spent"] <= summary["epsilon_budget"] == 8
-    assert summary["delta"] == pytest.approx(1 / 5278)
+    assert summary["delta"] == DEFAULT_DELTA  # declared, never 1/|E| (docs/privacy.md, section 1)
     run_id = summary["run_id"]
 
     code, output = vesper("status", run_id, "--url", cluster.status_url, "--json")

@@ -6,7 +6,7 @@ import torch
 from conftest import random_graph
 
 from vesper.party_a.edge_sampling import EdgeSubsampler
-from vesper.party_a.graph_store import Graph, build_graph
+from vesper.party_a.graph_store import Graph, add_edge, build_graph
 
 
 def _edges(graph: Graph) -> set[tuple[int, int]]:
@@ -37,3 +37,16 @@ def test_coins_are_fresh_for_every_release() -> None:
     sampler = EdgeSubsampler(graph, 0.5)
     generator = torch.Generator().manual_seed(3)
     assert _edges(sampler.sample(generator)) != _edges(sampler.sample(generator))
+
+
+def test_adding_an_edge_leaves_every_other_coin_as_it_was() -> None:
+    """Edge {u, v}'s coin is keyed by the release's key and the pair: the coupling of
+    neighbouring graphs holds wherever the extra edge sits (docs/privacy.md, section 2.3)."""
+    graph = random_graph(random.Random(4), 120, 0.05)
+    present = _edges(graph)
+    extra = next((u, v) for u in range(120) for v in range(u + 1, 120) if (u, v) not in present)
+    bigger = add_edge(graph, *extra)
+    for seed in range(5):
+        small = _edges(EdgeSubsampler(graph, 0.5).sample(torch.Generator().manual_seed(seed)))
+        big = _edges(EdgeSubsampler(bigger, 0.5).sample(torch.Generator().manual_seed(seed)))
+        assert big - {extra, extra[::-1]} == small

@@ -20,6 +20,8 @@ import vesper.party_a.sampler as sampler
 from vesper.common.config import ExtractorConfig
 from vesper.party_a.extractors.pmp import PmpExtractor
 from vesper.party_a.graph_store import Graph, build_graph
+from vesper.party_a.keyed_dropout import draw_dropout_key
+from vesper.party_a.noise import NoiseSource
 from vesper.party_a.sampler import Block, NeighbourSampler, SampledSubgraph, pair_keys
 
 
@@ -270,7 +272,7 @@ def test_the_extractor_releases_the_reference_aggregates_and_embeddings(monkeypa
     subgraph = neighbour_sampler.sample(torch.arange(0, 150, 7), neighbour_sampler.layer_seeds(torch.Generator()))
     features = torch.rand(150, 6, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        got = model.noisy_aggregates(subgraph, features, 0.7, torch.Generator().manual_seed(3))
+        got = model.noisy_aggregates(subgraph, features, 0.7, NoiseSource(torch.Generator().manual_seed(3)))
         expected = reference_noisy_aggregates(model, subgraph, features, 0.7, torch.Generator().manual_seed(3), capped)
     for a, b in zip(got, expected, strict=True):
         same_sums("sparse", a, b)
@@ -319,11 +321,13 @@ class _Step:
         config = ExtractorConfig(name=name, layers=2, fanout=4, dim=8, encoder_hidden=16)
         self.model = PmpExtractor(config, 6, capped).to(device)
         self.features = torch.rand(graph.num_nodes, 6, generator=torch.Generator().manual_seed(1)).to(device)
-        self.noise = torch.Generator(device=device).manual_seed(2)
+        self.noise = NoiseSource(torch.Generator(device=device).manual_seed(2))
 
     def __call__(self, roots: torch.Tensor) -> tuple[SampledSubgraph, torch.Tensor]:
-        subgraph = self.sampler.sample(roots, self.sampler.layer_seeds(torch.Generator().manual_seed(0)))
-        out = self.model(subgraph, self.features, 0.5, self.noise)
+        secret = torch.Generator().manual_seed(0)
+        key = draw_dropout_key(secret)  # the release's dropout key, drawn before its layer seeds
+        subgraph = self.sampler.sample(roots, self.sampler.layer_seeds(secret))
+        out = self.model(subgraph, self.features, 0.5, self.noise, dropout_key=key)
         out.backward(torch.ones_like(out))
         return subgraph, out
 
@@ -338,10 +342,10 @@ def test_the_hot_path_makes_its_tensors_on_its_device_and_reads_the_host_per_lay
     for batch in (4, 64):
         with DeviceAudit() as audit:
             subgraph, _ = step(torch.arange(batch) * 3)
-        # the one CPU draw is the per-step seeds from A's CPU secret generator, turned into ints
-        # (and it shows that the audit sees party A's factories)
-        assert audit.unplaced == ["sampler.py:layer_seeds: torch.randint"]
-        reads.append(sorted(r for r in audit.host_reads if "layer_seeds" not in r))
+        # the CPU draws are the release's dropout key and per-step seeds from A's CPU secret
+        # generator, turned into ints (and they show that the audit sees party A's factories)
+        assert audit.unplaced == ["keyed_dropout.py:draw_dropout_key: torch.randint", "sampler.py:layer_seeds: torch.randint"]
+        reads.append(sorted(r for r in audit.host_reads if "layer_seeds" not in r and "draw_dropout_key" not in r))
     assert reads[0] == reads[1]  # the same reads for 4 roots as for 64: none per node
     assert 0 < len(reads[0]) <= 3 * 2  # a few per layer (degree max, short nodes, message order)
 

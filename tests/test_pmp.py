@@ -10,6 +10,7 @@ from conftest import random_graph
 from vesper.common.config import ExtractorConfig
 from vesper.party_a.extractors.pmp import PmpExtractor, gcn_aggregate, gin_aggregate
 from vesper.party_a.graph_store import Graph
+from vesper.party_a.noise import NoiseSource
 from vesper.party_a.sampler import (
     NeighbourSampler,
     edgeless_subgraph,
@@ -72,7 +73,7 @@ def test_output_is_b_by_d_by_l_non_negative_and_unit_norm(name: str, layers: int
     sampler = NeighbourSampler(graph, 4, layers)
     roots = torch.tensor([3, 7, 9, 30])
     subgraph = sampler.sample(roots, sampler.layer_seeds(torch.Generator().manual_seed(1)))
-    out = model(subgraph, torch.rand(50, 6), 0.5, torch.Generator().manual_seed(2))
+    out = model(subgraph, torch.rand(50, 6), 0.5, NoiseSource(torch.Generator().manual_seed(2)))
     assert out.shape == (4, 8, layers)
     assert torch.all(out >= 0)
     norms = out.norm(dim=1)
@@ -86,7 +87,7 @@ def test_noise_has_standard_deviation_theta() -> None:
     subgraph = sampler.sample(torch.arange(400), sampler.layer_seeds(torch.Generator().manual_seed(0)))
     features = torch.rand(400, 6)
     clean = model.noisy_aggregates(subgraph, features, 0.0, None)[0]
-    noisy = model.noisy_aggregates(subgraph, features, 2.5, torch.Generator().manual_seed(3))[0]
+    noisy = model.noisy_aggregates(subgraph, features, 2.5, NoiseSource(torch.Generator().manual_seed(3)))[0]
     residual = (noisy - clean).flatten()
     assert abs(residual.std().item() - 2.5) < 0.1 and abs(residual.mean().item()) < 0.1  # 3200 draws: std error 0.03
 
@@ -100,7 +101,7 @@ def test_no_gradient_crosses_an_edge(name: str) -> None:
     roots = torch.tensor([0, 1, 2])
     subgraph = sampler.sample(roots, sampler.layer_seeds(torch.Generator().manual_seed(0)))
     features = torch.rand(40, 6, requires_grad=True)
-    model(subgraph, features, 1.0, torch.Generator().manual_seed(1)).sum().backward()
+    model(subgraph, features, 1.0, NoiseSource(torch.Generator().manual_seed(1))).sum().backward()
     touched = features.grad.abs().sum(dim=1) > 0
     assert touched[roots].all()
     assert not touched[[i for i in range(40) if i not in roots.tolist()]].any()
@@ -115,7 +116,7 @@ def test_forward_reads_the_graph_only_through_the_noisy_aggregates(monkeypatch) 
     seeds = [(1, 2), (3, 4)]
     first = NeighbourSampler(graph, 4, 2).sample(roots, seeds)
     second = NeighbourSampler(other, 4, 2).sample(roots, seeds)
-    fixed = model.noisy_aggregates(first, features, 1.0, torch.Generator().manual_seed(0))
+    fixed = model.noisy_aggregates(first, features, 1.0, NoiseSource(torch.Generator().manual_seed(0)))
     monkeypatch.setattr(model, "noisy_aggregates", lambda *args: fixed)
     model.eval()
     assert torch.equal(model(first, features, 1.0, None), model(second, features, 1.0, None))

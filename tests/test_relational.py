@@ -40,9 +40,11 @@ from vesper.party_a.extractors.relational import (
     relation_tuples,
     sample_negative_entities,
     sample_positive_relations,
+    step_keys,
 )
 from vesper.party_a.extractors.relational_gap import RelationalGapExtractor
 from vesper.party_a.graph_store import Graph, add_edge, build_graph
+from vesper.party_a.noise import NoiseSource
 from vesper.party_a.peers import BudgetRefused
 
 TOLERANCE = 1e-5
@@ -59,14 +61,17 @@ def one_thread():
 # -- helpers ---------------------------------------------------------------------------------
 def make(
     graph: Graph, features: torch.Tensor, name: str = "relational", *, dim: int = 8, hidden: int = 16,
-    hops: int = 1, seed: int = 0, sampling_seed: int = 1, noise_seed: int = 7, **params: object,
+    hops: int = 1, seed: int = 0, sampling_seed: int = 1, noise_seed: int = 7, edge_bound: int | None = None,
+    **params: object,
 ) -> RelationalExtractor | RelationalGapExtractor:
     params.setdefault("expected_batch", 8)  # the default 512 is more than these graphs' edges
     params.setdefault("pretrain_steps", 4)
     if name == "relational-gap":
         params.setdefault("encoder_epochs", 0)  # GAP's stage only where a test asks for it
+    # the operator's public bound on |E|; here the test knows the graph and declares its size
+    bound = max(1, graph.num_edges) if edge_bound is None else edge_bound or None
     config = RunConfig(
-        seed=seed,
+        seed=seed, privacy={"edge_bound": bound},
         extractor=ExtractorConfig(name=name, layers=hops, dim=dim, encoder_hidden=hidden, dropout=0.0, params=params),
     )
     cls = lookup(name)
@@ -217,14 +222,22 @@ def test_bad_params_are_refused_with_the_problem_named() -> None:
         make(graph, features, pretrain_steps=0, steps_per_charge=3)
     with pytest.raises(ValueError, match="steps_per_charge 30 exceeds pretrain_steps 20"):
         make(graph, features, pretrain_steps=20, steps_per_charge=30)
-    with pytest.raises(ValueError, match=r"expected_batch 1000 exceeds the graph's \d+ edges"):
-        make(graph, features, expected_batch=1000)
+    with pytest.raises(ValueError, match=r"expected_batch 1000 exceeds privacy.edge_bound 60"):
+        make(graph, features, expected_batch=1000, edge_bound=60)
+    with pytest.raises(ValueError, match="declare a public upper bound on party A's edges, privacy.edge_bound"):
+        make(graph, features, edge_bound=0)
     with pytest.raises(ValueError, match="negatives 20 needs more nodes"):
         make(graph, features, expected_batch=8, negatives=20)
     make(graph, features, expected_batch=8, negatives=19)  # every node but the anchor
+    # a graph without edges is handled like any other: its schedule is a function of public settings
     edgeless = build_graph(torch.empty(0, 2, dtype=torch.int64), 20)
-    with pytest.raises(ValueError, match="needs edges"):
-        make(edgeless, features, expected_batch=1)
+    session = FakeSession(20)
+    empty = make(edgeless, features, expected_batch=1, edge_bound=60)
+    assert empty.charge_plan(session.roots).rules == make(graph, features, expected_batch=1, edge_bound=60).charge_plan(
+        session.roots
+    ).rules
+    empty.bind(1.0)
+    empty.prepare(session)  # DP-SGD on noise alone: nothing to sample
     with pytest.raises(ValueError, match="hop_noise_scale"):
         make(graph, features, "relational-gap", expected_batch=8, hop_noise_scale=0)
     with pytest.raises(ValueError, match="fine_tune"):
@@ -254,11 +267,11 @@ def test_poisson_rate_and_random_orientation() -> None:
     pairs = edge_candidates(graph)
     m, q, steps = pairs.shape[0], 0.1, 400
     index = {(u, v): i for i, (u, v) in enumerate(pairs.tolist())}
-    coins = torch.Generator().manual_seed(0)
+    secret = torch.Generator().manual_seed(0)
     kept = torch.zeros(m)
     total = anchors_low = 0
     for _ in range(steps):
-        batch = sample_positive_relations(pairs, q, coins)
+        batch = sample_positive_relations(pairs, q, step_keys(secret)[0])  # a fresh key per step
         unordered = [(min(u, v), max(u, v)) for u, v in batch.tolist()]
         assert len(set(unordered)) == len(unordered)  # an edge enters a step at most once
         kept[[index[pair] for pair in unordered]] += 1
@@ -272,7 +285,8 @@ def test_poisson_rate_and_random_orientation() -> None:
 
 def test_negatives_are_distinct_uniform_and_never_the_anchor() -> None:
     anchors = torch.randint(0, 12, (6000,), generator=torch.Generator().manual_seed(0))
-    negatives = sample_negative_entities(anchors, 12, 5, torch.Generator().manual_seed(1))
+    positives = torch.stack([anchors, torch.arange(6000)], dim=1)  # 6000 distinct relations (u, v)
+    negatives = sample_negative_entities(positives, 12, 5, (1, 2))
     assert negatives.shape == (6000, 5) and int(negatives.min()) >= 0 and int(negatives.max()) < 12
     assert not bool((negatives == anchors[:, None]).any())
     assert bool((negatives.sort(dim=1).values.diff(dim=1) > 0).all())  # without replacement
@@ -328,10 +342,10 @@ def test_only_row_wise_linear_encoders_take_the_low_rank_path() -> None:
 
 def test_privatise_adds_z_c_noise_from_the_secret_generator_and_divides_by_b() -> None:
     zero = {"w": torch.zeros(200, 100)}
-    draws = [privatise(zero, 1.5, 10, torch.Generator().manual_seed(s))["w"] for s in (4, 4, 5)]
+    draws = [privatise(zero, 1.5, 10, NoiseSource(torch.Generator().manual_seed(s)))["w"] for s in (4, 4, 5)]
     assert float(draws[0].std()) == pytest.approx(0.15, rel=0.03)
     assert torch.equal(draws[0], draws[1]) and not torch.equal(draws[0], draws[2])
-    assert torch.equal(privatise({"w": torch.ones(3)}, 0.0, 4, torch.Generator())["w"], torch.full((3,), 0.25))
+    assert torch.equal(privatise({"w": torch.ones(3)}, 0.0, 4, NoiseSource(torch.Generator()))["w"], torch.full((3,), 0.25))
 
 
 # -- empirical edge sensitivity ----------------------------------------------------------------

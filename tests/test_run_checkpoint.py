@@ -50,7 +50,7 @@ def test_a_torn_last_journal_line_is_a_release_never_sent_but_a_torn_middle_is_r
 def _checkpoint(step: int) -> Checkpoint:
     state = torch.Generator().get_state()
     position = Position(step, 0, step, [torch.arange(3)], state)
-    return Checkpoint(position, {"w": torch.ones(2)}, None, state, state, [None], step, 0.5, step)
+    return Checkpoint(position, {"w": torch.ones(2)}, None, state, state, step, 0.5, step)
 
 
 def test_checkpoints_rotate_and_the_newest_is_loaded(tmp_path: Path) -> None:

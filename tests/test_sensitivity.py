@@ -31,10 +31,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, find, given, settings, target
 from hypothesis import strategies as st
-from torch import nn
 
 from vesper.common.config import ExtractorConfig
 from vesper.party_a.degree_projection import project_degree
+from vesper.party_a.encoder import GivenEncoding
 from vesper.party_a.extractors.pmp import PmpExtractor
 from vesper.party_a.extractors.sensitivity import (
     ChargeRule,
@@ -100,7 +100,7 @@ def make_extractor(
     )
     torch.manual_seed(seed)
     model = cls(config, in_features=dim, capped_degree=torch.zeros(1, dtype=torch.int64))
-    model.encoder = nn.Identity()  # features are the layer-0 inputs H themselves
+    model.encoder = GivenEncoding()  # features are the layer-0 inputs H themselves
     return model.eval()
 
 

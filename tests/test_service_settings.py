@@ -75,9 +75,11 @@ def test_one_machine_model_reads_this_machine_and_old_soak_reports() -> None:
 def test_a_checkpoint_that_still_carries_extra_loads(tmp_path: Path) -> None:
     state = torch.Generator().manual_seed(1).get_state()
     position = Position(step=4, epoch=0, batch=1, batches=[torch.arange(3)], root_order=state)
-    checkpoint = Checkpoint(position, {"w": torch.ones(2)}, None, state, state, [None], 3, 0.5, 4)
+    checkpoint = Checkpoint(position, {"w": torch.ones(2)}, None, state, state, 3, 0.5, 4)
     # a pickled dataclass is its __dict__: this is what a file from the older class holds
+    # (``extra``, and A's ``dropout`` streams, gone since A's dropout is keyed)
     checkpoint.__dict__["extra"] = {}
+    checkpoint.__dict__["dropout"] = [None]
     files = RunFiles(tmp_path)
     files.save_checkpoint(checkpoint)
     loaded = files.latest_checkpoint()

@@ -26,7 +26,7 @@ def test_profile_matches_the_accountant_and_the_graph(tmp_path: Path) -> None:
 
     data = GraphData.load(cora, torch.device("cpu"))
     roots = snr.roots_of(config, cora)
-    delta = 1 / data.graph.num_edges
+    delta = config.privacy.delta
     setup = ExtractorSetup(
         config=config, params=PmpGinPlugin.spec.params(), graph=data.graph, features=data.features,
         device=torch.device("cpu"), sampling_generator=torch.Generator(), noise_generator=torch.Generator(), delta=delta,

@@ -26,9 +26,9 @@ from dataclasses import dataclass, replace
 
 import pytest
 import torch
-from torch import nn
 
 from vesper.common.config import ExtractorConfig, RunConfig
+from vesper.party_a.encoder import GivenEncoding, MlpEncoder
 from vesper.party_a.extractors import vfgnn
 from vesper.party_a.extractors.base import ExtractorSetup, RootPlan
 from vesper.party_a.extractors.vfgnn import (
@@ -85,7 +85,7 @@ def build(scenario: Scenario, graph: Graph, *, self_slice: bool = True, device: 
         noise_generator=torch.Generator(device=device).manual_seed(scenario.seed + 1), delta=1e-5,
     )
     extractor = VfgnnExtractor(setup)
-    extractor.encoder = nn.Identity()
+    extractor.encoder = GivenEncoding()
     return extractor.train(False)
 
 
@@ -369,7 +369,7 @@ def _trainable_pair(self_slice: bool) -> tuple[list[VfgnnExtractor], torch.Tenso
         ex = build(scenario, g, self_slice=self_slice)
         ex.charge_plan(_roots(train=20, val=2, test=2))
         torch.manual_seed(0)
-        ex.encoder = nn.Sequential(nn.Linear(DIM, DIM), nn.ReLU(), nn.Dropout(0.5))  # graph-free, trainable
+        ex.encoder = MlpEncoder(DIM, DIM, DIM, 0.5)  # graph-free, trainable, with A's keyed dropout
         ex.encoder.requires_grad_(self_slice)
         ex.train(True)
         pair.append(ex)

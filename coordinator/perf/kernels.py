@@ -42,8 +42,10 @@ import torch
 
 from vesper.common.config import ExtractorConfig
 from vesper.coordinator.perf.figures import PerfFigure
+from vesper.party_a.encoder import GivenEncoding
 from vesper.party_a.extractors.pmp import BlockMessages, PmpExtractor
 from vesper.party_a.graph_store import Graph
+from vesper.party_a.noise import NoiseSource
 from vesper.party_a.sampler import Block, NeighbourSampler, SampledSubgraph, sample_neighbours
 
 DGL_EPOCH_SECONDS = 0.06  # issue #9: DGL 2.1 NeighborSampler + DataLoader, Tolokers, [10, 10], batch 256
@@ -304,7 +306,7 @@ def _pmp_model(
     its encoder replaced by the identity: h^(0) is given."""
     config = ExtractorConfig(name=name, layers=layers, fanout=fanout, dim=dim, spectral_norm=spectral_norm)
     model = PmpExtractor(config, dim, capped_degree)
-    model.encoder = torch.nn.Identity()
+    model.encoder = GivenEncoding()
     return model
 
 
@@ -318,7 +320,7 @@ class LayerBench:
 
     def __post_init__(self) -> None:
         self.inputs = torch.Generator(device=self.device).manual_seed(3)
-        self.noise = torch.Generator(device=self.device).manual_seed(2)
+        self.noise = NoiseSource(torch.Generator(device=self.device).manual_seed(2))
 
     def leaf(self, item: LocalSubgraph) -> torch.Tensor:
         """h^(0) of the subgraph's input nodes: non-negative, unit norm, a leaf that takes gradients."""

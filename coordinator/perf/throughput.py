@@ -157,7 +157,7 @@ class OneProcess:
         train, val, test = (torch.from_numpy(getattr(split, name)) for name in ("train", "val", "test"))
         chunks = math.ceil(val.numel() / cfg.eval_chunk) + math.ceil(test.numel() / cfg.eval_chunk)
         self.roots = RootPlan(train, val, test, math.ceil(train.numel() / cfg.batch_size), chunks)
-        delta = cfg.privacy.delta or 1.0 / max(2, data.graph.num_edges)
+        delta = cfg.privacy.delta
         # the trainer's secret generators (party_a.trainer._secret_generators), same seeds
         base = secret_base(options.secret_seed, cfg.seed)
         cls = lookup(cfg.extractor.name)

@@ -40,6 +40,7 @@ from typing import Literal
 import torch
 
 from vesper.party_a.graph_store import Graph
+from vesper.party_a.noise import NoiseSource
 
 Mechanism = Literal["gaussian", "exponential"]
 
@@ -212,40 +213,31 @@ def clip_scores(p: torch.Tensor, sources: torch.Tensor, clip: float) -> torch.Te
     return u
 
 
-def gaussian_noise_like(u: torch.Tensor, sigma: float, generator: torch.Generator | None) -> torch.Tensor:
-    """N(0, σ²) for every score, from A's secret generator (Algorithm 3, line 8)."""
-    return torch.randn(u.shape, generator=generator, device=u.device, dtype=u.dtype).mul_(sigma)
-
-
-def gumbel_noise_like(u: torch.Tensor, scale: float, generator: torch.Generator | None) -> torch.Tensor:
-    """Gumbel(0, b) for every score (Algorithm 1, line 8): −b·log(E), E ~ Exp(1).
-
-    E is kept ≥ the smallest normal float: a sampler returning exactly 0 (probability
-    ~2⁻²⁴ per draw in float32) would otherwise force +∞ into the top-K.
-    """
-    exponential = torch.empty(u.shape, device=u.device, dtype=u.dtype).exponential_(generator=generator)
-    return exponential.clamp_(min=torch.finfo(u.dtype).tiny).log_().mul_(-scale)
-
-
 def top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The K largest (noisy) scores of each row, in decreasing order: (indices, values)."""
     values, indices = torch.topk(scores, k, dim=1, largest=True, sorted=True)
     return indices, values
 
 
-def gaussian_top_k(u: torch.Tensor, k: int, sigma: float, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Report-noisy-top-K: the K largest of u + N(0, σ²) per row, with their noisy values.
+def gaussian_top_k(
+    u: torch.Tensor, k: int, sigma: float, source: NoiseSource | None, rows: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Report-noisy-top-K: the K largest of u + N(0, σ²) per row, with their noisy values
+    [DPAR, Alg. 3, lines 8-10].
 
     Releasing the whole noisy matrix is one Gaussian mechanism (dpar.md eq. G); the
     indices and noisy values of the K largest are post-processing of it. σ = 0: exact.
-    Adds the noise to ``u`` in place.
+    The noise comes from A's NoiseSource (``rows``: the source node of each row of u);
+    it is added to ``u`` in place.
     """
     if sigma > 0:
-        u.add_(gaussian_noise_like(u, sigma, generator))
+        u = _noise_source(source).gaussian(u, sigma, rows=rows)
     return top_k(u, k)
 
 
-def gumbel_top_k(u: torch.Tensor, k: int, scale: float, generator: torch.Generator | None) -> torch.Tensor:
+def gumbel_top_k(
+    u: torch.Tensor, k: int, scale: float, source: NoiseSource | None, rows: torch.Tensor | None = None
+) -> torch.Tensor:
     """K rounds of the exponential mechanism, Pr[j] ∝ exp(u_sj / b), without replacement.
 
     Drawn as the K largest of u + Gumbel(b) (one-shot Gumbel; Durfee & Rogers 2019,
@@ -253,8 +245,14 @@ def gumbel_top_k(u: torch.Tensor, k: int, scale: float, generator: torch.Generat
     indices are released. b = 0: exact top-K. Adds the noise to ``u`` in place.
     """
     if scale > 0:
-        u.add_(gumbel_noise_like(u, scale, generator))
+        u = _noise_source(source).gumbel(u, scale, rows=rows)
     return top_k(u, k)[0]
+
+
+def _noise_source(source: NoiseSource | None) -> NoiseSource:
+    if source is None:
+        raise ValueError("a noisy top-K needs party A's NoiseSource (party_a.noise)")
+    return source
 
 
 def clip_columns(indices: torch.Tensor, weights: torch.Tensor, num_nodes: int, tau: float) -> torch.Tensor:
@@ -301,15 +299,15 @@ def private_top_k(
     k: int,
     mechanism: Mechanism,
     noise: float,
-    generator: torch.Generator | None,
+    source: NoiseSource | None,
     batch_elements: int = DEFAULT_BATCH_ELEMENTS,
 ) -> TopK:
     """DP-APPR over ``sources`` (DPAR Algorithms 1 and 3 on element-clipped scores), batched.
 
     ``noise`` is σ of the Gaussian (mechanism "gaussian") or the Gumbel scale b
     ("exponential"); 0 releases the exact top-K (ε = ∞). K is capped at N − 1, the
-    number of candidates. Every batch draws its noise from ``generator`` in order, so a
-    run is reproducible from A's secret seed. The caller charges the release first.
+    number of candidates. Every batch draws its noise from ``source`` (A's NoiseSource) in
+    order, so a run is reproducible from A's secret seed. The caller charges the release first.
     """
     if mechanism not in ("gaussian", "exponential"):
         raise ValueError(f"unknown mechanism {mechanism!r}; expected gaussian or exponential")
@@ -322,10 +320,10 @@ def private_top_k(
     for batch in sources.split(batch_size_for(graph.num_nodes, batch_elements)):
         u = clip_scores(ista_appr(op, batch, alpha, rho, iterations), batch, clip)
         if mechanism == "gaussian":
-            chosen, noisy = gaussian_top_k(u, k_eff, noise, generator)
+            chosen, noisy = gaussian_top_k(u, k_eff, noise, source, batch)
             values.append(noisy)
         else:
-            chosen = gumbel_top_k(u, k_eff, noise, generator)
+            chosen = gumbel_top_k(u, k_eff, noise, source, batch)
         indices.append(chosen)
     cat_values = torch.cat(values) if values else None
     return TopK(sources, torch.cat(indices), cat_values)

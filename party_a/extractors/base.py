@@ -49,6 +49,8 @@ from torch import nn
 from vesper.common.config import RunConfig
 from vesper.common.privacy.ledger import PlannedPass, PlanRule
 from vesper.party_a.graph_store import Graph
+from vesper.party_a.keyed_dropout import DropoutKey, draw_dropout_key
+from vesper.party_a.noise import NoiseSource
 
 PrivacyUnit = Literal["edge", "node"]
 CostModel = Literal["none", "per-step", "one-shot", "one-shot + per-step"]
@@ -148,6 +150,12 @@ class ExtractorSetup:
     sampling_generator: torch.Generator  # CPU; secret from B
     noise_generator: torch.Generator  # on ``device``; secret from B
     delta: float
+    # every mechanism's noise is drawn through it (party_a.noise); default: from noise_generator
+    noise: NoiseSource | None = None
+
+    def __post_init__(self) -> None:
+        if self.noise is None:
+            object.__setattr__(self, "noise", NoiseSource(self.noise_generator))
 
 
 class PrepareSession(Protocol):
@@ -255,12 +263,14 @@ class ExtractorBase(nn.Module):
     def root_batches(self, train_ids: torch.Tensor, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
         return shuffled_batches(train_ids, batch_size, generator)
 
-    def gaussian_noise(self, shape: torch.Size | tuple[int, ...], std: float) -> torch.Tensor:
-        """N(0, std² I) from A's secret noise generator, on A's device."""
-        return std * torch.randn(
-            tuple(shape), generator=self.setup.noise_generator, device=self.setup.device,
-            dtype=self.setup.features.dtype,
-        )
+    def perturb(self, values: torch.Tensor, std: float, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """values + N(0, std² I) from A's secret noise (party_a.noise); ``rows``: the node id of
+        each row of ``values``, if its rows are about nodes."""
+        return self.setup.noise.gaussian(values, std, rows=rows)
+
+    def dropout_key(self) -> DropoutKey:
+        """A fresh secret key for the dropout masks of one release (party_a.keyed_dropout)."""
+        return draw_dropout_key(self.setup.sampling_generator)
 
 
 def shuffled_batches(train_ids: torch.Tensor, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:

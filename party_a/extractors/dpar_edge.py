@@ -207,7 +207,7 @@ class DparEdgeExtractor(ExtractorBase):
         started = time.monotonic()
         top = private_top_k(
             self.setup.graph, self.sources, alpha=p.alpha, rho=p.rho, iterations=p.iterations, clip=p.clip,
-            k=p.top_k, mechanism=p.mechanism, noise=self.noise, generator=self.setup.noise_generator,
+            k=p.top_k, mechanism=p.mechanism, noise=self.noise, source=self.setup.noise,
         )
         self.install(top)
         session.progress(f"dpar-edge: neighbourhoods released in {time.monotonic() - started:.2f} s")
@@ -231,7 +231,7 @@ class DparEdgeExtractor(ExtractorBase):
             raise ValueError("a root outside party B's split has no released neighbourhood")
         # encode each distinct node once (the encoder reads only A's own features)
         nodes, position = torch.unique(torch.cat([roots, neighbours.reshape(-1)]), return_inverse=True)
-        encoded = self.encoder(self.setup.features[nodes])
+        encoded = self.encoder(self.setup.features[nodes], nodes, self.dropout_key())
         own = encoded[position[: roots.numel()]]
         around = encoded[position[roots.numel():]].reshape(roots.numel(), neighbours.shape[1], -1)
         aggregate = (self.weights[roots].unsqueeze(-1) * around).sum(dim=1)

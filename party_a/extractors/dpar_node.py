@@ -63,6 +63,7 @@ from vesper.party_a.extractors.base import (
 )
 from vesper.party_a.extractors.private_backward import PrivateBackward
 from vesper.party_a.graph_store import Graph
+from vesper.party_a.noise import NoiseSource
 
 EMBEDDING_NORM = 1.0  # ‖h_u‖ ≤ 1 (E1): the encoder's output is projected onto the unit sphere
 
@@ -224,7 +225,7 @@ def clip_rows(scores: torch.Tensor, clip: float) -> torch.Tensor:
 
 def dp_appr_top_k(
     graph: Graph, sources: torch.Tensor, *, alpha: float, rho: float, iterations: int, clip: float, k: int,
-    noise_std: float, generator: torch.Generator | None, progress: Callable[[str], None] | None = None,
+    noise_std: float, source: NoiseSource | None, progress: Callable[[str], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Step 1: [S, K] neighbours of every source (−1: none) and their noisy scores.
 
@@ -243,7 +244,7 @@ def dp_appr_top_k(
         if progress is not None:
             progress(f"dpar-node: DP-APPR, batch {number + 1} of {len(batches)} of sources")
         u = clip_rows(appr.clip_scores(appr.ista_appr(op, batch, alpha, rho, iterations), batch, math.inf), clip)
-        indices, values = appr.gaussian_top_k(u, k_eff, noise_std, generator)
+        indices, values = appr.gaussian_top_k(u, k_eff, noise_std, source, batch)
         chosen.append(torch.where(values > 0, indices, torch.full_like(indices, -1)))
         scores.append(values)
     nodes, values = torch.cat(chosen), torch.cat(scores)
@@ -522,7 +523,7 @@ class DparNodeExtractor(ExtractorBase):
         session.progress(f"dpar-node: DP-APPR top-{p.top_k} neighbourhoods of {sources.numel()} roots")
         top_nodes, top_values = dp_appr_top_k(
             self.setup.graph, sources, alpha=p.alpha, rho=p.rho, iterations=p.ista_iterations, clip=p.appr_clip,
-            k=p.top_k, noise_std=self.one_shot_std, generator=self.setup.noise_generator, progress=session.progress,
+            k=p.top_k, noise_std=self.one_shot_std, source=self.setup.noise, progress=session.progress,
         )
         # write-ahead: nothing derived from the noisy APPR is used before the charge is committed;
         # a refusal raises here and the computed neighbourhoods are dropped
@@ -546,9 +547,7 @@ class DparNodeExtractor(ExtractorBase):
         unique, slots = torch.unique(nodes, return_inverse=True)
         with torch.no_grad():
             released = aggregate(self.embed(unique), slots, weights)
-            std = self.forward_std if kind == "train" else self.eval_std
-            if std > 0:
-                released = released + self.gaussian_noise(released.shape, std)
+            released = self.perturb(released, self.forward_std if kind == "train" else self.eval_std, rows=roots)
         released = released.unsqueeze(-1)
         if kind != "train" or not self.params.train_encoder or not torch.is_grad_enabled():
             return released
@@ -575,9 +574,7 @@ class DparNodeExtractor(ExtractorBase):
         out: list[torch.Tensor | None] = []
         for name, _ in self.encoder.named_parameters():
             total = self.window.sums[name]
-            if self.gradient_std > 0:
-                total = total + self.gaussian_noise(total.shape, self.gradient_std)
-            out.append(total / self.window.roots)
+            out.append(self.perturb(total.clone(), self.gradient_std) / self.window.roots)
         self.window.flush()
         return out
 

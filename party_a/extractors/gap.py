@@ -189,7 +189,8 @@ class GapExtractor(ExtractorBase):
         session.progress(f"gap: training the edge-free encoder for {self.params.encoder_epochs} epochs")
         self.encoder.train()
         session.train_stage(
-            self.encoder_stage(), lambda roots: self.encoder(self.setup.features[roots]).unsqueeze(-1),
+            self.encoder_stage(),
+            lambda roots: self.encoder(self.setup.features[roots], roots, self.dropout_key()).unsqueeze(-1),
             self.encoder.parameters(),
         )
 
@@ -200,9 +201,7 @@ class GapExtractor(ExtractorBase):
     def noisy_hop(self, x_prev: torch.Tensor) -> torch.Tensor:
         """x_k = A x̃_{k-1} + N(0, σ² I), σ = z · √2 (GAP-1), from A's secret noise generator."""
         x = aggregate(self.adjacency, x_prev)
-        if self.noise_std > 0:
-            x = x + self.gaussian_noise(x.shape, self.noise_std)
-        return x
+        return self.perturb(x, self.noise_std, rows=torch.arange(x.shape[0], device=x.device))
 
     @torch.no_grad()  # no gradient may flow back through a read of A (docs/extractors/gap.md, 3.3)
     def release_hops(self, x0: torch.Tensor, session: PrepareSession) -> torch.Tensor:

@@ -69,7 +69,6 @@ RELATION = (
     "features and no edges (dp-accounting REPLACE_SPECIAL); A's degree table is public and the same in both "
     "graphs; replacing a node by another node is covered only at twice the sensitivities, which is not charged"
 )
-_DEGREE_CHUNK = 256  # degrees per block of the dominating-law computation (memory: chunk x support)
 
 
 class HeterPoissonParams(BaseModel):
@@ -129,33 +128,29 @@ def _underflow_limit(multiplier: float) -> int:
     return max(math.ceil(math.e**2 * multiplier), 745)
 
 
-def appearance_survival(max_degree: int, multiplier: float, cap: int) -> np.ndarray:
-    """(D1) S(j), j = 1..J+1, J = max(1, min(D_max, cap, float64 limit)): a survival function dominating every case.
+def appearance_survival(multiplier: float, cap: int) -> np.ndarray:
+    """(D1) S(j), j = 1..J+1, J = max(1, min(cap, float64 limit)): a survival function dominating every case.
 
-    S(j) = max(1[j ≤ 1], max_{D ∈ 1..D_max} P(min(Bin(D, min(1, M/D)), cap) ≥ j)). The first
-    term is the root case (exactly one appearance, masking); the second the peripheral case
-    of a node of degree D with all its neighbours among the roots (fewer roots among its
-    neighbours is first-order dominated), at most ``cap`` roots per step. S(J+1) = 0.
+    The cases: a root (exactly one appearance, masking), and a peripheral node of any degree D
+    with all its neighbours among the roots (fewer roots among its neighbours is first-order
+    dominated), k ~ min(Bin(D, min(1, M/D)), cap). The law depends on no statistic of A's graph
+    (it is recorded with the run): for j ≤ ⌈M⌉, S(j) = 1; for j ≥ ⌈M⌉ + 1 ≥ M + 1 a binomial of
+    mean ≤ M has a lighter tail than Poisson(M) (Anderson & Samuels 1967), so
+    S(j) = P(Poisson(M) ≥ j) ≥ P(Bin(D, min(1, M/D)) ≥ j) for every D; S(J+1) = 0.
     """
-    support = max(1, min(max_degree, cap, _underflow_limit(multiplier)))  # the root case needs k = 1
+    support = max(1, min(cap, _underflow_limit(multiplier)))  # the root case needs k = 1
     j = np.arange(1, support + 2)
-    survival = np.zeros(support + 1)
-    for start in range(1, max_degree + 1, _DEGREE_CHUNK):
-        degree = np.arange(start, min(start + _DEGREE_CHUNK, max_degree + 1))[:, None]
-        tail = stats.binom.sf(j[None, :] - 1, degree, np.minimum(1.0, multiplier / degree))
-        survival = np.maximum(survival, tail.max(axis=0))
-    survival[0] = 1.0
+    survival = np.where(j <= max(1, math.ceil(multiplier)), 1.0, stats.poisson.sf(j - 1, multiplier))
     survival[j > support] = 0.0
-    # a running maximum from the right only raises S: still dominating, and exactly non-increasing
-    return np.maximum.accumulate(survival[::-1])[::-1]
+    return survival
 
 
-def dominating_law(max_degree: int, multiplier: float, cap: int) -> tuple[np.ndarray, np.ndarray]:
+def dominating_law(multiplier: float, cap: int) -> tuple[np.ndarray, np.ndarray]:
     """(D1) the appearance counts k ≥ 1 and p_k = S(k) − S(k+1), zero-mass entries dropped.
 
     Σ p_k telescopes to S(1) − S(J+1) = 1 with nothing truncated.
     """
-    survival = appearance_survival(max_degree, multiplier, cap)
+    survival = appearance_survival(multiplier, cap)
     mass = survival[:-1] - survival[1:]
     counts = np.arange(1, survival.size)
     keep = mass > 0
@@ -243,7 +238,6 @@ class HeterPoissonExtractor(ExtractorBase):
         self.graph = setup.graph
         # the degree table of the whole graph: public, and the same in both neighbouring graphs
         self.degrees = setup.graph.degree
-        self.max_degree = int(self.degrees.max()) if self.degrees.numel() else 0
         self.coins = secret_coins(setup.sampling_generator)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(setup.config.seed)  # public: B may know the initialisation
@@ -273,8 +267,8 @@ class HeterPoissonExtractor(ExtractorBase):
         rho = p.forward_share
         # a Poisson batch can hold every train root, so |train| (not batch_size) caps k
         train_cap, eval_cap = max(1, roots.train_ids.numel()), config.eval_chunk
-        train_k, train_p = dominating_law(self.max_degree, p.multiplier, train_cap)
-        eval_k, eval_p = dominating_law(self.max_degree, p.multiplier, eval_cap)
+        train_k, train_p = dominating_law(p.multiplier, train_cap)
+        eval_k, eval_p = dominating_law(p.multiplier, eval_cap)
         rules = [
             mixture_rule("train", step_sensitivity(train_k, rho), train_p, 1.0),
             mixture_rule("eval", eval_sensitivity(eval_k), eval_p, 1.0 / math.sqrt(rho)),
@@ -284,7 +278,6 @@ class HeterPoissonExtractor(ExtractorBase):
             "sensitivity_form": "per-step mixture of Gaussians",
             "neighbouring": RELATION,
             "degree_table": "public: the keep probabilities min(1, M/deg) use the whole graph's degrees",
-            "max_degree": self.max_degree,
             "multiplier": p.multiplier,
             "root_rate": self.root_rate(roots.train_ids.numel(), config.batch_size),
             "root_sampling_credit": "none: B sees every batch's ids",
@@ -331,8 +324,7 @@ class HeterPoissonExtractor(ExtractorBase):
         x, a = self.features[batch.roots], neighbour_mean(self.features, batch)
         with torch.no_grad():
             released = self.encoder(x, a)
-            if self.forward_std > 0:
-                released = released + self.gaussian_noise(released.shape, self.forward_std)
+            released = self.perturb(released, self.forward_std, rows=batch.roots)
         released = released.unsqueeze(-1)
         if kind != "train" or not self.trains_encoder or not torch.is_grad_enabled():
             return released
@@ -348,10 +340,7 @@ class HeterPoissonExtractor(ExtractorBase):
         )
         out = []
         for name, _ in self.encoder.named_parameters():
-            total = sums[name]
-            if self.gradient_std > 0:
-                total = total + self.gaussian_noise(total.shape, self.gradient_std)
-            out.append(total / max(1, batch))
+            out.append(self.perturb(sums[name].clone(), self.gradient_std) / max(1, batch))
         return out
 
     def trainable_parameters(self) -> list[nn.Parameter]:

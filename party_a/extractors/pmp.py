@@ -32,6 +32,8 @@ from torch import nn
 from vesper.common.config import ExtractorConfig
 from vesper.party_a.encoder import MlpEncoder
 from vesper.party_a.extractors.spectral_norm import normalised_weights, spectral_norm
+from vesper.party_a.keyed_dropout import DropoutKey
+from vesper.party_a.noise import NoiseSource
 from vesper.party_a.sampler import Block, SampledSubgraph
 
 # torch warns once per process that sparse CSR is beta; _adjacency's use is tested against index_add_
@@ -211,36 +213,45 @@ class PmpExtractor(nn.Module):
         dtype = self.layers[0].self_weight.bias.dtype
         return [self._block_messages(block, capped_degree, dtype) for block in subgraph.blocks]
 
+    def perturb(self, aggregate: torch.Tensor, block: Block, noise_std: float, noise: NoiseSource | None) -> torch.Tensor:
+        """ǎ_v = a_v + N(0, θ² I_d) for every destination v of the block [VESPER, eq. 34]: the
+        Gaussian mechanism, drawn from A's secret noise (party_a.noise); in place, a is fresh."""
+        if noise is None or noise_std == 0:
+            return aggregate
+        return noise.gaussian(aggregate, noise_std, rows=block.dst_nodes)
+
     @torch.no_grad()
     def noisy_aggregates(
         self,
         subgraph: SampledSubgraph,
         features: torch.Tensor,
         noise_std: float,
-        generator: torch.Generator | None,
+        noise: NoiseSource | None,
         capped_degree: torch.Tensor | None = None,
         weights: list[LayerWeights] | None = None,
         messages: list[BlockMessages] | None = None,
+        dropout_key: DropoutKey | None = None,
     ) -> list[torch.Tensor | None]:
-        """The mechanism: every read of the graph, each noised (Algorithm 1, steps 5-9).
+        """The mechanism: every read of the graph, each noised [VESPER, Alg. 1, steps 5-9].
 
         Runs all L layers over the sampled subgraph and returns, per layer, the roots'
         noisy aggregates ǎ. No gradient exists here, so nothing A learns later can
         depend on an un-noised aggregate. ``weights``: the layers' weights for this step
         (``PmpLayer.weights``), read here without gradient; ``messages``: the blocks'
-        messages (:meth:`messages`), built ahead.
+        messages (:meth:`messages`), built ahead; ``dropout_key``: the release's secret
+        dropout key (party_a.keyed_dropout), so each node's mask is its own, wherever the
+        pass reaches it.
         """
         num_roots = subgraph.roots.numel()
-        h = self.encoder(features.index_select(0, subgraph.input_nodes.to(features.device)))
+        inputs = subgraph.input_nodes
+        h = self.encoder(features.index_select(0, inputs.to(features.device)), inputs, dropout_key)
         noisy_roots: list[torch.Tensor | None] = []
         last = len(subgraph.blocks) - 1
         for index, (layer, block) in enumerate(zip(self.layers, subgraph.blocks)):
             noisy = None
             if self.aggregates:
                 noisy = self.aggregate(block, h, capped_degree, None if messages is None else messages[index])
-                if noise_std > 0:
-                    noise = torch.randn(noisy.shape, generator=generator, device=noisy.device, dtype=noisy.dtype)
-                    noisy = noisy.add_(noise.mul_(noise_std))  # a + θ·z in place: a is a fresh tensor
+                noisy = self.perturb(noisy, block, noise_std, noise)
             noisy_roots.append(None if noisy is None else noisy[:num_roots])
             if index < last:  # h^(L) of the pass is never read: the roots' chain recomputes it
                 h = layer(h[: block.dst_count], noisy, None if weights is None else weights[index])
@@ -251,19 +262,24 @@ class PmpExtractor(nn.Module):
         subgraph: SampledSubgraph,
         features: torch.Tensor,
         noise_std: float,
-        generator: torch.Generator | None,
+        noise: NoiseSource | None,
         capped_degree: torch.Tensor | None = None,
         messages: list[BlockMessages] | None = None,
+        dropout_key: DropoutKey | None = None,
     ) -> torch.Tensor:
         """B x d x L embeddings of the roots: post-processing of the noisy aggregates.
 
         Each root's own chain h_r^(0) -> h_r^(1) -> ... -> h_r^(L) is recomputed with
-        gradient from its features and its noisy aggregates, so A's update (eq. 39)
-        flows into the encoder and both weights of every layer, never into the graph.
+        gradient from its features and its noisy aggregates, so A's update [VESPER, eq. 39]
+        flows into the encoder and both weights of every layer, never into the graph. The
+        root's dropout mask is the one the mechanism's pass used for it (the same key).
         """
         weights = self.step_weights()  # with gradient, once for both passes
-        noisy = self.noisy_aggregates(subgraph, features, noise_std, generator, capped_degree, weights, messages)
-        h = self.encoder(features.index_select(0, subgraph.roots.to(features.device)))
+        noisy = self.noisy_aggregates(
+            subgraph, features, noise_std, noise, capped_degree, weights, messages, dropout_key
+        )
+        roots = subgraph.roots
+        h = self.encoder(features.index_select(0, roots.to(features.device)), roots, dropout_key)
         per_layer = []
         for layer, aggregate, w in zip(self.layers, noisy, weights):
             h = layer(h, aggregate, w)

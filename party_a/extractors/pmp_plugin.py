@@ -29,6 +29,7 @@ from vesper.party_a.extractors.base import (
 from vesper.party_a.extractors.pmp import BlockMessages, PmpExtractor
 from vesper.party_a.extractors.sensitivity import charge_rule
 from vesper.party_a.graph_store import Graph
+from vesper.party_a.keyed_dropout import DropoutKey
 from vesper.party_a.sampler import NeighbourSampler, SampledSubgraph, edgeless_subgraph
 
 _SHARED = ("layers", "dim", "encoder_hidden", "dropout", "spectral_norm", "noise_multiplier")
@@ -43,6 +44,7 @@ class _Sample:
     subgraph: SampledSubgraph
     capped_degree: torch.Tensor | None
     messages: list[BlockMessages] | None
+    dropout_key: DropoutKey  # the release's secret dropout key (party_a.keyed_dropout)
 
 
 class _PmpPlugin(ExtractorBase):
@@ -131,14 +133,16 @@ class _PmpPlugin(ExtractorBase):
         """PMP over the roots' subgraphs (Algorithm 1): the pre-charge B x d x L."""
         sample = self._take_prefetched(roots) or self._sample(roots)
         return self.model(
-            sample.subgraph, self.setup.features, self.noise_std, self.setup.noise_generator, sample.capped_degree,
-            sample.messages,
+            sample.subgraph, self.setup.features, self.noise_std, self.setup.noise, sample.capped_degree,
+            sample.messages, sample.dropout_key,
         )
 
     def _sample(self, roots: torch.Tensor) -> _Sample:
-        """The release's reads of the graph: all its draws from A's secret sampling generator,
-        and the sampled blocks' messages ready for the aggregation (graph structure only)."""
+        """The release's reads of the graph: all its draws from A's secret sampling generator
+        (its dropout key first, then its edge sample and layer seeds), and the sampled blocks'
+        messages ready for the aggregation (graph structure only)."""
         layers = self.setup.config.extractor.layers
+        key = self.dropout_key()
         sampler, capped_degree = self.sampler, None
         if self.edge_subsampler is not None:
             # this release reads a fresh secret Poisson sample of the edges (party_a.edge_sampling)
@@ -146,9 +150,9 @@ class _PmpPlugin(ExtractorBase):
             sampler = NeighbourSampler(graph, self.fanout, layers)
             capped_degree = self.capped_degree(graph)
         if sampler is None:
-            return _Sample(edgeless_subgraph(roots, layers), None, None)
+            return _Sample(edgeless_subgraph(roots, layers), None, None, key)
         subgraph = sampler.sample(roots, sampler.layer_seeds(self.setup.sampling_generator))
-        return _Sample(subgraph, capped_degree, self.model.messages(subgraph, capped_degree))
+        return _Sample(subgraph, capped_degree, self.model.messages(subgraph, capped_degree), key)
 
     # -- pipelining (party_a.trainer): sampling reads no parameter -----------------------------
     def prefetch(self, roots: torch.Tensor) -> None:

@@ -50,6 +50,8 @@ from vesper.party_a.extractors.base import (
     post_processing_rules,
 )
 from vesper.party_a.graph_store import Graph
+from vesper.party_a.noise import NoiseSource
+from vesper.party_a.sampler import keyed_uniform
 
 # -- the pluggable encoder f_Θ ----------------------------------------------------------------
 EncoderBuilder = Callable[[int, int, int], nn.Module]  # (feature width F, hidden width, d) -> f_Θ
@@ -89,7 +91,8 @@ class RelationalEncoder(nn.Module):
         super().__init__()
         self.backbone = backbone
 
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
+    def forward(self, features: torch.Tensor, nodes: torch.Tensor | None = None, key: object = None) -> torch.Tensor:
+        """The call of party_a.encoder.MlpEncoder (GAP's stage makes it); no dropout, so no key is read."""
         return F.normalize(self.backbone(features), dim=-1)
 
 
@@ -102,11 +105,11 @@ class PretrainingParams(BaseModel):
     encoder: str = Field("mlp", description="f_Θ, a registered encoder builder: 'mlp' (default) or 'linear'")
     pretrain_steps: int = Field(
         100, ge=0, le=1_000_000,
-        description="T, DP-SGD steps of Algorithm 1 (the paper fixes T); each step sees about b edges, so T·b/|E| "
-        "epochs; 0 = no pre-training",
+        description="T, DP-SGD steps of Algorithm 1 (the paper fixes T); each step sees about q·|E| edges, so "
+        "T·q epochs; 0 = no pre-training",
     )
     expected_batch: int = Field(
-        512, ge=1, le=1 << 22, description="b, expected positive edges per step; q = b/|E| (must be ≤ |E|)"
+        512, ge=1, le=1 << 22, description="b, positive edges per step if A had privacy.edge_bound edges: q = b / edge_bound (public)"
     )
     negatives: int = Field(
         8, ge=1, le=4096, description="k, distinct negatives per positive, uniform on V without its anchor (≤ |V| − 1)"
@@ -116,7 +119,7 @@ class PretrainingParams(BaseModel):
     pretrain_lr: float = Field(3e-3, gt=0.0, description="η, learning rate of DP-Adam during pre-training")
     steps_per_charge: int | None = Field(
         None, ge=1,
-        description="DP-SGD steps per pre-train ledger release (default: one epoch's ⌈|E|/b⌉ steps, at most T); "
+        description="DP-SGD steps per pre-train ledger release (default: one expected epoch, ⌈1/q⌉ steps, at most T); "
         "the run makes ⌈T / steps_per_charge⌉ releases and runs every step it charged",
     )
     grad_chunk: int = Field(256, ge=1, le=1 << 20, description="tuples per chunk of per-tuple gradients (vmap memory: chunk × |Θ|)")
@@ -152,10 +155,11 @@ class RelationalParams(PretrainingParams):
 
 @dataclass(frozen=True)
 class Schedule:
-    """How many DP-SGD steps run, at which rate, and how they are charged."""
+    """How many DP-SGD steps run, at which rate, and how they are charged: all public, from
+    the run's settings and the declared edge bound, never from A's exact |E|."""
 
-    num_edges: int  # |E|, the candidates of step I
-    q: float  # Poisson rate of step I, b/|E|
+    edge_bound: int | None  # privacy.edge_bound: the public bound q is computed from
+    q: float  # Poisson rate of step I, b / edge_bound
     steps_per_charge: int
     releases: int  # pre-train ledger releases (chunks)
 
@@ -165,26 +169,36 @@ class Schedule:
         return self.releases * self.steps_per_charge
 
 
-def pretraining_schedule(params: PretrainingParams, num_edges: int, num_nodes: int) -> Schedule:
-    """q = b/|E|; a chunk is one epoch's ⌈|E|/b⌉ steps unless set; chunks rounded up (ValueError on contradictions)."""
+def pretraining_schedule(params: PretrainingParams, edge_bound: int | None, num_nodes: int) -> Schedule:
+    """q = b / edge_bound; a chunk is one expected epoch, ⌈edge_bound / b⌉ steps, unless set; chunks
+    rounded up (ValueError on contradictions).
+
+    The rate is a public number. With the exact |E| in place of the declared bound, q (and
+    the chunk count) would be statistics of A's graph in the run record, and a Poisson rate
+    chosen from the data is not the mechanism the amplification theorem analyses.
+    """
     if params.pretrain_steps == 0:
-        return Schedule(num_edges, 1.0, 1, 0)
-    if num_edges == 0:
-        raise ValueError("relational pre-training needs edges: party A's graph has none (set pretrain_steps=0)")
-    if params.expected_batch > num_edges:
+        return Schedule(edge_bound, 1.0, 1, 0)
+    if edge_bound is None:
         raise ValueError(
-            f"expected_batch {params.expected_batch} exceeds the graph's {num_edges} edges: the Poisson rate "
-            f"q = b/|E| would be above 1 (use expected_batch ≤ {num_edges})"
+            "relational pre-training samples each edge at rate q = expected_batch / |E|, and a public rate "
+            "must not be computed from A's graph: declare a public upper bound on party A's edges, "
+            "privacy.edge_bound (or set pretrain_steps=0)"
+        )
+    if params.expected_batch > edge_bound:
+        raise ValueError(
+            f"expected_batch {params.expected_batch} exceeds privacy.edge_bound {edge_bound}: the Poisson rate "
+            f"q = b/edge_bound would be above 1 (use expected_batch ≤ {edge_bound})"
         )
     if params.negatives > num_nodes - 1:
         raise ValueError(
             f"negatives {params.negatives} needs more nodes: k distinct negatives other than the anchor are drawn "
             f"from the graph's {num_nodes} nodes (use negatives ≤ {num_nodes - 1})"
         )
-    per_epoch = math.ceil(num_edges / params.expected_batch)
+    per_epoch = math.ceil(edge_bound / params.expected_batch)
     per_charge = params.steps_per_charge or min(per_epoch, params.pretrain_steps)
     releases = math.ceil(params.pretrain_steps / per_charge)
-    return Schedule(num_edges, params.expected_batch / num_edges, per_charge, releases)
+    return Schedule(edge_bound, params.expected_batch / edge_bound, per_charge, releases)
 
 
 # -- Algorithm 1, one function per step -------------------------------------------------------
@@ -201,38 +215,47 @@ def edge_candidates(graph: Graph) -> torch.Tensor:
     return torch.stack([source[keep], indices[keep]], dim=1)
 
 
-def step_generators(sampling: torch.Generator) -> tuple[torch.Generator, torch.Generator]:
-    """Two generators for one step's coins, seeded from A's secret sampling generator.
+PairKey = tuple[int, int]
 
-    Candidate i's coins (keep, orientation) and tuple j's negatives come from their own
-    streams, so on neighbouring graphs (the extra edge last) every shared candidate and
-    tuple gets the same coins: what lets the sensitivity test couple the two runs.
+
+def step_keys(sampling: torch.Generator) -> tuple[PairKey, PairKey]:
+    """One step's secret keys (steps I and II), drawn from A's secret sampling generator.
+
+    Every coin of the step is a keyed hash of a key and the pair it is about
+    (party_a.sampler.keyed_uniform): candidate (u, v)'s keep and orientation coins depend on
+    (u, v) alone, a tuple's negatives on its positive relation alone. On neighbouring
+    graphs every shared candidate and tuple then gets the same coins, wherever the extra
+    edge sits among the candidates (the coupling the sensitivity tests use), and the
+    generator is read the same number of times whatever the graph.
     """
-    seed = int(torch.randint(0, 1 << 62, (1,), generator=sampling))
-    return torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed ^ 0x9E3779B97F4A7C15)
+    words = torch.randint(0, 1 << 32, (4,), generator=sampling, dtype=torch.int64).tolist()
+    return (int(words[0]), int(words[1])), (int(words[2]), int(words[3]))
 
 
-def sample_positive_relations(candidates: torch.Tensor, q: float, coins: torch.Generator) -> torch.Tensor:
+def sample_positive_relations(candidates: torch.Tensor, q: float, key: PairKey) -> torch.Tensor:
     """Step I: B_t, each candidate kept independently with probability q, randomly oriented.
 
-    Returns [b_t, 2] rows (u, v): u is the anchor the negatives are paired with.
+    Returns [b_t, 2] rows (u, v): u is the anchor the negatives are paired with. Candidate
+    (u, v)'s coins are U(u, v) (keep) and U(v, u) (orientation) under the step's key.
     """
-    draws = torch.rand((candidates.shape[0], 2), generator=coins, dtype=torch.float64)
-    kept = draws[:, 0] < q
+    low, high = candidates[:, 0], candidates[:, 1]
+    kept = keyed_uniform(key, low, high) < q
     pairs = candidates[kept]
-    flip = draws[kept, 1] < 0.5
+    flip = keyed_uniform(key, high[kept], low[kept]) < 0.5
     return torch.where(flip[:, None], pairs.flip(1), pairs)
 
 
-def sample_negative_entities(anchors: torch.Tensor, num_nodes: int, k: int, coins: torch.Generator) -> torch.Tensor:
-    """Step II: [b_t, k] entities per anchor, uniform without replacement on V \\ {anchor}.
+def sample_negative_entities(positives: torch.Tensor, num_nodes: int, k: int, key: PairKey) -> torch.Tensor:
+    """Step II: [b_t, k] entities per positive (u, v), uniform without replacement on V \\ {u}.
 
     Reads no edge (decoupled sampling, Section 3.2): a negative may be a true neighbour,
     with small probability, as in the paper. Floyd's algorithm vectorised over tuples:
-    k rounds, one column of coins each.
+    k rounds, one column of coins each; tuple (u, v)'s coin of round c is U(u·|V| + v, c).
     """
+    anchors = positives[:, 0]
     pool = num_nodes - 1  # V without the anchor, relabelled 0..|V|-2
-    draws = torch.rand((anchors.shape[0], k), generator=coins, dtype=torch.float64)
+    identity = (anchors * num_nodes + positives[:, 1])[:, None]
+    draws = keyed_uniform(key, identity, torch.arange(k, dtype=torch.int64)[None, :])
     chosen = torch.empty((anchors.shape[0], 0), dtype=torch.int64)
     for column, top in enumerate(range(pool - k, pool)):
         pick = (draws[:, column] * (top + 1)).long().clamp(max=top)  # uniform on 0..top
@@ -243,9 +266,9 @@ def sample_negative_entities(anchors: torch.Tensor, num_nodes: int, k: int, coin
 
 def relation_tuples(candidates: torch.Tensor, num_nodes: int, q: float, k: int, sampling: torch.Generator) -> torch.Tensor:
     """Steps I and II: [b_t, k + 2] tuples E_i = (u, v, w_1..w_k) of one step (CPU)."""
-    edge_coins, negative_coins = step_generators(sampling)
-    positives = sample_positive_relations(candidates, q, edge_coins)
-    negatives = sample_negative_entities(positives[:, 0], num_nodes, k, negative_coins)
+    positive_key, negative_key = step_keys(sampling)
+    positives = sample_positive_relations(candidates, q, positive_key)
+    negatives = sample_negative_entities(positives, num_nodes, k, negative_key)
     return torch.cat([positives, negatives], dim=1)
 
 
@@ -290,6 +313,8 @@ def clipped_gradient_sum(
     params = {name: p.detach() for name, p in encoder.named_parameters()}
     total = {name: torch.zeros_like(p) for name, p in params.items()}
     for part in tuples.split(chunk):
+        if not part.shape[0]:  # an empty Poisson sample: the sum is 0 (only noise is added)
+            continue
         grads = per_tuple_gradients(encoder, params, features[part], temperature)
         factor = clip_factors(sum(g.reshape(g.shape[0], -1).pow(2).sum(dim=1) for g in grads.values()), clip)
         for name, g in grads.items():
@@ -345,6 +370,8 @@ def low_rank_clipped_gradient_sum(
     total = {name: torch.zeros_like(p) for name, p in encoder.named_parameters()}
     for part in tuples.split(chunk):
         count, width = part.shape
+        if not count:  # an empty Poisson sample: the sum is 0 (only noise is added)
+            continue
         with torch.enable_grad():
             h, captured = forward_recording_linears(encoder, layers, features[part].reshape(count * width, -1))
             losses = info_nce(h.reshape(count, width, -1), temperature)
@@ -365,20 +392,14 @@ def low_rank_clipped_gradient_sum(
 
 
 def privatise(
-    total: dict[str, torch.Tensor], noise_std: float, expected_batch: int, noise: torch.Generator
+    total: dict[str, torch.Tensor], noise_std: float, expected_batch: int, noise: NoiseSource
 ) -> dict[str, torch.Tensor]:
-    """Step IV (Eq. 3): g̃_t = (Σ clipped + N(0, σ²C² I)) / b, with σC = ``noise_std``.
+    """Step IV [PvGaLM, Eq. 3]: g̃_t = (Σ clipped + N(0, σ²C² I)) / b, with σC = ``noise_std``,
+    drawn from A's NoiseSource.
 
     Divided by the expected batch b, never by the realised |B_t|, which depends on E.
     """
-    noisy = {}
-    for name, value in total.items():
-        if noise_std > 0:
-            value = value + noise_std * torch.randn(
-                value.shape, generator=noise, device=value.device, dtype=value.dtype
-            )
-        noisy[name] = value / expected_batch
-    return noisy
+    return {name: noise.gaussian(value.clone(), noise_std) / expected_batch for name, value in total.items()}
 
 
 def dp_adam_step(encoder: RelationalEncoder, optimizer: torch.optim.Optimizer, noisy: dict[str, torch.Tensor]) -> None:
@@ -404,7 +425,7 @@ class RelationalPretraining:
     def __init__(self, setup: ExtractorSetup, params: PretrainingParams, name: str) -> None:
         ex = setup.config.extractor
         self.setup, self.params, self.name = setup, params, name
-        self.schedule = pretraining_schedule(params, setup.graph.num_edges, setup.graph.num_nodes)
+        self.schedule = pretraining_schedule(params, setup.config.privacy.edge_bound, setup.graph.num_nodes)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(setup.config.seed)  # public: B may know Θ_0
             backbone = ENCODERS[params.encoder](setup.features.shape[1], ex.encoder_hidden, ex.dim)
@@ -425,7 +446,7 @@ class RelationalPretraining:
             "pretrain_steps": s.steps,
             "pretrain_releases": s.releases,
             "pretrain_steps_per_release": s.steps_per_charge,
-            "pretrain_candidates": s.num_edges,
+            "pretrain_edge_bound": s.edge_bound,
             "pretrain_derivation": "one undirected edge is one Poisson candidate, hence at most one tuple, whose "
             "clipped gradient moves the sum by <= C; the batch never leaves A: each step is "
             "PoissonSampled(q, Gaussian(z)) (docs/extractors/relational.md, eq. R-S)",
@@ -462,7 +483,7 @@ class RelationalPretraining:
             total = low_rank_clipped_gradient_sum(
                 self.encoder, self.layers, setup.features, tuples, p.temperature, p.clip, p.grad_chunk
             )
-        dp_adam_step(self.encoder, optimizer, privatise(total, self.noise_std, p.expected_batch, setup.noise_generator))
+        dp_adam_step(self.encoder, optimizer, privatise(total, self.noise_std, p.expected_batch, setup.noise))
 
 
 # -- the `relational` extractor ---------------------------------------------------------------

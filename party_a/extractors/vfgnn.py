@@ -374,12 +374,9 @@ class VfgnnExtractor(ExtractorBase):
 
     def release(self, roots: torch.Tensor, kind: ReleaseKind) -> torch.Tensor:
         """B x d x L': [h_r^(0)], γ õ_r with õ_r = o_r + N(0, θ_kind² I) (eqs. V3, V3'), pre-charge."""
-        output = self.graph_output(roots)
-        std = self.noise_std[kind]
-        if std > 0:
-            output = output + self.gaussian_noise(output.shape, std)
+        output = self.perturb(self.graph_output(roots), self.noise_std[kind], rows=roots)
         slices = [self.output_gain * output]
         if self.params.self_slice:
             # edge-free: the only path B's gradient takes into A's encoder
-            slices.insert(0, self.encoder(self.setup.features[roots]))
+            slices.insert(0, self.encoder(self.setup.features[roots], roots, self.dropout_key()))
         return torch.stack(slices, dim=-1)
