@@ -249,15 +249,16 @@ def _hidden_batch_numbers(events: float | None, bound6: float | None) -> str:
 
 
 def print_summaries(summaries: list[RunSummary]) -> None:
-    table = Table(box=box.SIMPLE_HEAD)
-    for column in ("run", "extractor", "status", "test", "ε / budget", "time"):
+    # fits 80 columns; every ε names the accounting that produced it (hidden-batch is no guarantee against B)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("run", "extractor", "status", "test", "ε / budget"):
         table.add_column(column, no_wrap=True)
     short = {"accuracy": "acc", "roc_auc": "auc"}
     for s in summaries:
         metric = f"{short.get(s.test_metric.name, s.test_metric.name)} {s.test_metric.value:.4f}" if s.test_metric else "-"
         table.add_row(
             s.run_id, s.extractor, s.status, metric,
-            f"{format_epsilon(s.epsilon_spent)} / {format_epsilon(s.epsilon_budget)}", f"{s.seconds:.1f} s",
+            f"{format_epsilon(s.epsilon_spent)} / {format_epsilon(s.epsilon_budget)} ({s.accounting})",
         )
     console.print(table)
     for s in summaries:
@@ -287,7 +288,8 @@ def print_summaries(summaries: list[RunSummary]) -> None:
             noise = "no noise"
         val = f", val {s.val_metric.value:.4f}" if s.val_metric else ""
         console.print(
-            f"[bold]{s.run_id}[/] {s.extractor}+{s.decoder} on {s.dataset}, {s.steps} steps{val}: {s.privacy_unit}-level ε spent "
+            f"[bold]{s.run_id}[/] {s.extractor}+{s.decoder} on {s.dataset}, {s.steps} steps in {s.seconds:.1f} s{val}: "
+            f"{s.privacy_unit}-level ε spent "
             f"{format_epsilon(s.epsilon_spent)} of {format_epsilon(s.epsilon_budget)} at δ={s.delta:.3g} "
             f"({s.accounting}, {s.accountant or 'no charges'}); {noise}"
             + (f". Privacy unit: {s.relation}" if s.relation else ""),

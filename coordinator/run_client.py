@@ -49,17 +49,19 @@ def drive_run(
     """
     if resume_run_id:
         request = pb.StartRunRequest(resume_run_id=resume_run_id)
-        budget, title = "budget", f"resuming {resume_run_id}"
+        budget, mode, title = "budget", "", f"resuming {resume_run_id}"
     else:
         request = pb.StartRunRequest(run_config_json=config.model_dump_json())
-        budget, title = format_epsilon(config.privacy.epsilon), f"{config.extractor.name} on {config.dataset}"
+        budget, mode = format_epsilon(config.privacy.epsilon), config.privacy.accounting
+        title = f"{config.extractor.name} on {config.dataset}"
     run_id = resume_run_id or ""
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("loss {task.fields[loss]}"),
-        TextColumn("ε {task.fields[eps]} / " + budget),
+        # every ε names the accounting that produced it (hidden-batch is a reproduction, no guarantee)
+        TextColumn("ε {task.fields[eps]} / {task.fields[budget]} ({task.fields[mode]})"),
         TimeElapsedColumn(),
     )
     try:
@@ -70,7 +72,7 @@ def drive_run(
         call = pb_grpc.GraphPartyStub(channel).StartRun(request)
         try:
             with Progress(*columns, console=console, transient=False) as progress:
-                task = progress.add_task(title, total=None, loss="-", eps="0")
+                task = progress.add_task(title, total=None, loss="-", eps="0", budget=budget, mode=mode or "accounting: ?")
                 for event in call:
                     if event.HasField("summary_json"):
                         summary = RunSummary.model_validate_json(event.summary_json)
@@ -78,6 +80,8 @@ def drive_run(
                         return summary
                     p = event.progress
                     run_id = p.run_id or run_id
+                    if p.accounting:  # A names the run's mode and budget on every event (a resume learns them here)
+                        progress.update(task, mode=p.accounting, budget=format_epsilon(p.epsilon_budget))
                     if on_progress is not None:
                         on_progress(p)
                     if p.phase == "train" and p.total_steps:

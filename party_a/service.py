@@ -36,11 +36,12 @@ log = logging.getLogger(__name__)
 RUN_ID = re.compile(r"^[0-9a-f]{12}$")
 
 
-def _progress_message(event: ProgressEvent, run_id: str) -> pb.RunEvent:
+def _progress_message(event: ProgressEvent, run_id: str, config: RunConfig) -> pb.RunEvent:
     return pb.RunEvent(progress=pb.Progress(
         phase=event.phase, epoch=event.epoch, epochs=event.epochs, step=event.step,
         total_steps=event.total_steps, loss=event.loss, epsilon_spent=event.epsilon_spent,
-        message=event.message, run_id=run_id,
+        message=event.message, run_id=run_id, accounting=config.privacy.accounting,
+        epsilon_budget=config.privacy.epsilon,
     ))
 
 
@@ -144,7 +145,7 @@ class GraphPartyService(pb_grpc.GraphPartyServicer):
         while True:
             event = events.get()
             if isinstance(event, ProgressEvent):
-                yield _progress_message(event, run.run_id)
+                yield _progress_message(event, run.run_id, run.config)
             elif isinstance(event, Exception):
                 context.abort(grpc.StatusCode.INTERNAL, f"run {run.run_id} crashed in party A: {event!r}")
             else:

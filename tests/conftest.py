@@ -18,3 +18,13 @@ def random_graph(rng: random.Random, n: int, p: float) -> Graph:
 @pytest.fixture
 def rng() -> random.Random:
     return random.Random(1234)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny tensors: one torch thread avoids waiting on a pool that other jobs keep busy (and keeps
+    float sums in one order). A module opts in with ``pytestmark = pytest.mark.usefixtures(...)``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

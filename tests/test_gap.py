@@ -41,13 +41,7 @@ from vesper.party_a.peers import BudgetRefused
 TOLERANCE = 1e-5  # float32 sums of unit rows
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: one thread avoids waiting on a pool the other helpers' jobs keep busy."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # -- helpers ---------------------------------------------------------------------------------

@@ -61,12 +61,7 @@ TOLERANCE = 1e-5
 ACCOUNTINGS = ("visible-batch", "hidden-batch")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _graph(n: int, edges: list[tuple[int, int]]) -> Graph:
@@ -436,6 +431,10 @@ def _train_hidden(cluster: LocalCluster, out: Path, *flags: str) -> dict:
     assert code == 0 and summary["status"] == "completed", output
     assert summary["accounting"] == "hidden-batch" and "ASSUMES party B cannot tell" in summary["assumption"]
     assert 0 < summary["epsilon_spent"] <= summary["epsilon_budget"] == 4
+    # the live progress line and the summary table name the mode of every ε they show
+    table_row = next(line for line in output.splitlines() if line.strip().startswith(summary["run_id"]))
+    assert "/ 4 (hidden-batch)" in output.splitlines()[0] and table_row.rstrip().endswith("/ 4 (hidden-batch)"), output
+    assert "visible-batch" not in output, output
     code, output = vesper("ledger", "verify", summary["run_id"], "--url", cluster.status_url)
     assert code == 0, output
     return summary

@@ -42,13 +42,7 @@ from vesper.party_b.label_privacy.randomized_response import (
 Z = 5.0  # binomial tolerances in standard deviations: a false alarm is ~1e-6 per cell
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Small tensors: one thread avoids waiting on a pool the other jobs keep busy."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def generator(seed: int) -> torch.Generator:

@@ -3,10 +3,10 @@
 The empirical sensitivity checks run the production steps (relation_tuples, then the
 clipped gradient sums of either per-tuple path) on neighbouring graphs G' and G = G' + e*
 with the same secret coins, and compare ‖Σ clipped(G) − Σ clipped(G')‖ with the C the
-accountant charges (docs/extractors/relational.md, eq. R-S). The coins are coupled by
-putting e* last among the candidates (its endpoints are the two largest node ids): every
-candidate of G' then draws the same keep/orientation coins in G, and every tuple the
-same negatives.
+accountant charges (docs/extractors/relational.md, eq. R-S). Every coin is keyed by the
+step's secret key and the pair it is about, so every candidate of G' draws the same
+keep/orientation coins in G, and every tuple the same negatives, wherever e* sits among the
+candidates (most tests put it last, which also keeps the tuples in the same order).
 """
 
 from __future__ import annotations
@@ -50,12 +50,7 @@ from vesper.party_a.peers import BudgetRefused
 TOLERANCE = 1e-5
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -316,6 +311,23 @@ def test_the_same_coins_give_the_same_tuples_on_neighbouring_graphs(name: str) -
             assert sorted(extra[0, :2].tolist()) == list(edge)
         if q == 1.0:
             assert extra.shape[0] == 1
+
+
+def test_the_coins_couple_wherever_the_extra_edge_sits() -> None:
+    """Keyed coins (docs/privacy.md, section 2.3): an extra edge among the first candidates
+    leaves every other tuple as it was."""
+    small = without_last_edge(random_graph(random.Random(3), 30, 0.2))
+    present = set(map(tuple, edge_candidates(small).tolist()))
+    edge = next((0, v) for v in range(1, 30) if (0, v) not in present)  # node 0: among the first candidates
+    big = add_edge(small, *edge)
+    for q, seed in ((1.0, 0), (0.5, 1), (0.3, 2)):
+        t_small = relation_tuples(edge_candidates(small), 30, q, 4, torch.Generator().manual_seed(seed))
+        t_big = relation_tuples(edge_candidates(big), 30, q, 4, torch.Generator().manual_seed(seed))
+        rows_small = {tuple(row) for row in t_small.tolist()}
+        extra = [row for row in t_big.tolist() if tuple(row) not in rows_small]
+        assert rows_small <= {tuple(row) for row in t_big.tolist()} and len(extra) <= 1
+        assert all(sorted(row[:2]) == list(edge) for row in extra)
+        assert len(extra) == 1 or q < 1.0
 
 
 # -- steps III and IV --------------------------------------------------------------------------

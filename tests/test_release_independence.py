@@ -59,13 +59,7 @@ SMALL_PARAMS: dict[str, dict] = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: one thread avoids waiting on a pool other jobs keep busy, and keeps float sums in one order."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def config_for(name: str) -> RunConfig:

@@ -14,7 +14,7 @@ class StartRunRequest(_message.Message):
     def __init__(self, run_config_json: _Optional[str] = ..., resume_run_id: _Optional[str] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("phase", "epoch", "epochs", "step", "total_steps", "loss", "epsilon_spent", "message", "run_id")
+    __slots__ = ("phase", "epoch", "epochs", "step", "total_steps", "loss", "epsilon_spent", "message", "run_id", "accounting", "epsilon_budget")
     PHASE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     EPOCHS_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +24,8 @@ class Progress(_message.Message):
     EPSILON_SPENT_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNTING_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_BUDGET_FIELD_NUMBER: _ClassVar[int]
     phase: str
     epoch: int
     epochs: int
@@ -33,7 +35,9 @@ class Progress(_message.Message):
     epsilon_spent: float
     message: str
     run_id: str
-    def __init__(self, phase: _Optional[str] = ..., epoch: _Optional[int] = ..., epochs: _Optional[int] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., loss: _Optional[float] = ..., epsilon_spent: _Optional[float] = ..., message: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
+    accounting: str
+    epsilon_budget: float
+    def __init__(self, phase: _Optional[str] = ..., epoch: _Optional[int] = ..., epochs: _Optional[int] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., loss: _Optional[float] = ..., epsilon_spent: _Optional[float] = ..., message: _Optional[str] = ..., run_id: _Optional[str] = ..., accounting: _Optional[str] = ..., epsilon_budget: _Optional[float] = ...) -> None: ...
 
 class RunEvent(_message.Message):
     __slots__ = ("progress", "summary_json")
