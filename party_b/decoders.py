@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from vesper.common.config import DecoderConfig
-from vesper.common.seeded_dropout import SeededDropout
+from vesper.party_b.seeded_dropout import SeededDropout
 
 
 class ConcatDecoder(nn.Module):

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from vesper.common.config import DecoderConfig, LabelPrivacyConfig, OptimizerConfig
 from vesper.common.optim import build_optimizer
-from vesper.common.seeded_dropout import dropout_states, restore_dropout_states
+from vesper.party_b.seeded_dropout import dropout_states, restore_dropout_states
 from vesper.common.wire import WireDType, node_mask
 from vesper.party_b.decoders import build_decoder
 from vesper.party_b.label_data import LabelStore

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from e2e import vesper
 
+from vesper.common.config import DEFAULT_DELTA
 from vesper.coordinator.processes import LocalCluster
 
 pytestmark = pytest.mark.e2e
@@ -32,6 +33,10 @@ def test_demo_trains_reports_and_shuts_down(tmp_path: Path) -> None:
         assert run["status"] == "completed" and run["test_metric"]["name"] == "accuracy"
         assert run["run_id"] in result.stdout and run["status_url"] in result.stdout
     assert "ε spent" in result.stdout and f"--ledger {tmp_path / 'demo' / 'ledger.sqlite'}" in result.stdout
+    # nothing the demo prints is a function of Cora's exact |E| = 5,278 (δ is declared: docs/privacy.md 1)
+    assert summary["delta"] == baseline["delta"] == DEFAULT_DELTA
+    for token in ("5278", "5,278", "10556", "1.9e-04", "0.000189", "0.00018"):
+        assert token not in result.stdout, token
     # every service was shut down
     for name in ("accountant", "party-b", "party-a"):
         pid = json.loads((tmp_path / "demo" / f"{name}.ready.json").read_text())["pid"]

@@ -10,7 +10,7 @@
 
 Both sides of (1) run with one torch thread, because the final parameters depend on
 torch's intra-op thread count (parallel reductions add in another order). Dropout stays
-on: it draws from generators seeded per run (common/seeded_dropout.py), not from torch's
+on: it draws from generators seeded per run (party_b/seeded_dropout.py; A's dropout is keyed, party_a/keyed_dropout.py), not from torch's
 process-wide RNG (test_a_run_does_not_depend_on_the_process_rng).
 """
 

@@ -1,11 +1,15 @@
-"""Dropout that draws from its own generator, so a run repeats exactly.
+"""Party B's decoder dropout: a generator of its own, so a run repeats exactly.
 
 ``nn.Dropout`` draws from torch's process-wide RNG, which nothing seeds per run (torch
 seeds it at random in every process): two runs with the same seeds then differ by
 their dropout masks, and two runs sharing a process share one stream. Each
-``SeededDropout`` takes its seed from torch's RNG when it is built — every party builds
-its modules inside ``fork_rng`` + ``manual_seed(config.seed)`` — and keeps a generator
-of its own, made on the device of the first input it sees.
+``SeededDropout`` takes its seed from torch's RNG when it is built — B builds its decoder
+inside ``fork_rng`` + ``manual_seed(config.seed)`` — and keeps a generator of its own,
+made on the device of the first input it sees.
+
+Only B uses it: B's decoder reads no edge, so a stream seeded from the public seed leaks
+nothing of A's graph. Party A's dropout runs over A's graph and is keyed instead
+(party_a.keyed_dropout, docs/privacy.md section 2.3).
 """
 
 from __future__ import annotations
