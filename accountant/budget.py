@@ -23,11 +23,14 @@ import math
 import re
 import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import dp_accounting as dpa
 
+from vesper.accountant.leases import LeaseHeld, Leases
 from vesper.accountant.ledger_store import LedgerStore
 from vesper.common.privacy.accounting import calibrate
 from vesper.common.privacy.events import EventError, event_from_json, event_to_json
@@ -35,6 +38,7 @@ from vesper.common.privacy.ledger import (
     ASSUMPTIONS,
     KINDS,
     LABEL_ACCOUNTING,
+    LABEL_LEDGER_SUFFIX,
     LABEL_UNIT,
     ChargeRule,
     CurvePoint,
@@ -113,9 +117,20 @@ class _RunState:
             self.curve.append(CurvePoint(seq=row.seq, epsilon=row.epsilon_after))
 
 
+@contextmanager
+def _lease_refusals() -> Iterator[None]:
+    """Another trainer's live lease as the status a second trainer is refused with: ABORTED, gRPC's
+    status for a concurrency conflict (party A waits it out on resume, and stops if it lost the run)."""
+    try:
+        yield
+    except LeaseHeld as exc:
+        raise AccountantError("ABORTED", str(exc)) from None
+
+
 class Accountant:
-    def __init__(self, store: LedgerStore) -> None:
+    def __init__(self, store: LedgerStore, leases: Leases | None = None) -> None:
         self.store = store
+        self.leases = leases or Leases()
         self._runs: dict[str, _RunState] = {}
         self._lock = threading.Lock()
 
@@ -155,7 +170,10 @@ class Accountant:
                 check_hidden_batch_events(events)
             except ValueError as exc:
                 raise _invalid(str(exc)) from None
-            if next(r for r in rules if r.kind == "train").participation_bound is not None:
+            # a release that reads no edge (no-op) is free under every accounting: nothing to count
+            if not isinstance(events["train"], dpa.NoOpDpEvent) and next(
+                r for r in rules if r.kind == "train"
+            ).participation_bound is not None:
                 raise _invalid("hidden-batch counts every training step: no participation bound for train")
         return events
 
@@ -229,7 +247,10 @@ class Accountant:
         extractor: str,
         details: dict,
         assumption_note: str = "",
+        lease: str = "",
+        lease_ttl_s: float = 0.0,
     ) -> RunStatusView:
+        """A new run; ``lease``: its trainer's (``announce_run``), which it then holds."""
         self._check_common(accounting, accountant, delta)
         try:
             check_unit_and_mode(privacy_unit, accounting)
@@ -244,6 +265,7 @@ class Accountant:
             )
         if privacy_unit not in PRIVACY_UNITS:
             raise _invalid(f"unknown privacy unit {privacy_unit!r}; known: {', '.join(PRIVACY_UNITS)}")
+        self._check_namespace(run_id, privacy_unit)
         if len(assumption_note) > 1000:
             raise _invalid("the assumption note is limited to 1000 characters")
         events = self._parse_rules(rules, accounting)
@@ -265,9 +287,55 @@ class Accountant:
         with self._lock:
             if self.store.get_run(run_id) is not None:
                 raise AccountantError("ALREADY_EXISTS", f"run {run_id!r} already exists")
+            with _lease_refusals():
+                self.leases.acquire(run_id, lease, lease_ttl_s)
             self.store.insert_run(record)
             self._runs[run_id] = state
+        self.leases.created(run_id)
         return self.status(run_id)
+
+    def _check_namespace(self, run_id: str, privacy_unit: str) -> None:
+        """Party B's label ledgers are ``<run id>.labels`` of a run party A announced or created, and
+        nothing else: a label ledger cannot take a name party A's run will need (squatting)."""
+        if privacy_unit != LABEL_UNIT:
+            if run_id.endswith(LABEL_LEDGER_SUFFIX):
+                raise _invalid(
+                    f"run id {shown(run_id)} ends in {LABEL_LEDGER_SUFFIX!r}, which names party B's label ledgers; "
+                    "choose another id"
+                )
+            return
+        base = run_id.removesuffix(LABEL_LEDGER_SUFFIX)
+        record = self.store.get_run(base) if base != run_id else None
+        if base == run_id or (record is None and not self.leases.announced(base)):
+            raise AccountantError(
+                "PERMISSION_DENIED",
+                f"party B may open only the label ledger '<run id>{LABEL_LEDGER_SUFFIX}' of a run party A has "
+                f"announced or created; {shown(run_id)} is not one",
+            )
+        if record is not None and record.privacy_unit == LABEL_UNIT:
+            raise _invalid(f"run {shown(base)} is itself a label ledger")
+
+    def announce_run(self, run_id: str, lease: str, ttl_s: float) -> float:
+        """Party A is about to set up ``run_id`` with party B, under its trainer's ``lease``:
+        B may open the run's label ledger from now on. Seconds until the lease expires."""
+        if not RUN_ID.fullmatch(run_id) or run_id.endswith(LABEL_LEDGER_SUFFIX):
+            raise _invalid(f"cannot announce run id {shown(run_id)}: an id of party A's runs is expected")
+        if not lease:
+            raise _invalid("announcing a run needs its trainer's lease")
+        if self.store.get_run(run_id) is not None:
+            raise AccountantError("ALREADY_EXISTS", f"run {run_id!r} already exists")
+        with _lease_refusals():
+            return self.leases.acquire(run_id, lease, ttl_s, announce=True)
+
+    def renew_lease(self, run_id: str, lease: str, ttl_s: float) -> float:
+        """The trainer holding ``run_id`` is alive; ABORTED if another trainer holds it."""
+        if not lease:
+            raise _invalid("renewing a lease needs the lease")
+        if self.store.get_run(run_id) is None and not self.leases.announced(run_id):
+            raise AccountantError("NOT_FOUND", f"unknown run id {shown(run_id)}")
+        with _lease_refusals():
+            self.leases.renew(run_id, lease, ttl_s)
+        return ttl_s
 
     def _state(self, run_id: str) -> _RunState:
         with self._lock:
@@ -292,11 +360,14 @@ class Accountant:
 
     def charge(
         self, run_id: str, release_key: str, pass_id: str, kind: str, num_nodes: int, nodes_digest: str,
-        event_json: str,
+        event_json: str, lease: str = "",
     ) -> tuple[LedgerRow, bool]:
-        """Charge one release; returns the ledger row and whether it was a retry of an earlier charge."""
+        """Charge one release; returns the ledger row and whether it was a retry of an earlier charge.
+        ``lease``: the charging trainer's; refused under another trainer's live lease."""
         state = self._state(run_id)
         with state.lock:
+            with _lease_refusals():
+                self.leases.renew(run_id, lease)
             record = state.record
             if not release_key or len(release_key) > 128:
                 raise _invalid("a charge needs a release key of 1 to 128 characters")
@@ -346,28 +417,37 @@ class Accountant:
             state.add(row, after)
             return row, False
 
-    def close_run(self, run_id: str, status: str, reason: str) -> RunStatusView:
+    def close_run(self, run_id: str, status: str, reason: str, lease: str = "") -> RunStatusView:
         """End an active run; "interrupted" leaves it resumable (``reopen_run``), and an
-        interrupted run may still be closed for good. A closed run stays closed."""
+        interrupted run may still be closed for good. A closed run stays closed. Its lease ends
+        (refused under another trainer's live lease)."""
         if status not in ("completed", "failed", "refused", "cancelled", "interrupted"):
             raise _invalid(f"cannot close a run as {status!r}")
         state = self._state(run_id)
         with state.lock:
+            with _lease_refusals():
+                self.leases.release(run_id, lease)
             if state.record.status == "active" or (state.record.status == "interrupted" and status != "interrupted"):
-                state.record = state.record.model_copy(update={"status": status, "closed_at": _now(), "closed_reason": reason[:2000]})
-                self.store.update_run(state.record)
+                closed = state.record.model_copy(update={"status": status, "closed_at": _now(), "closed_reason": reason[:2000]})
+                self.store.update_run(closed)  # on disk first: a failed write leaves memory as the ledger is
+                state.record = closed
         return self.status(run_id)
 
-    def reopen_run(self, run_id: str, reason: str) -> RunStatusView:
-        """An interrupted run takes charges again (party A resumes it); an active one is left as it is."""
+    def reopen_run(self, run_id: str, reason: str, lease: str = "", lease_ttl_s: float = 0.0) -> RunStatusView:
+        """An interrupted run takes charges again (party A resumes it); an active one is left as it is.
+        ``lease``: the resuming trainer's, refused while another trainer's lease is live."""
         state = self._state(run_id)
         with state.lock:
             status = state.record.status
+            if status in ("active", "interrupted"):
+                with _lease_refusals():
+                    self.leases.acquire(run_id, lease, lease_ttl_s)
             if status == "interrupted":
-                state.record = state.record.model_copy(update={
+                reopened = state.record.model_copy(update={
                     "status": "active", "closed_at": None, "closed_reason": f"reopened: {reason}"[:2000],
                 })
-                self.store.update_run(state.record)
+                self.store.update_run(reopened)  # on disk first, as in close_run
+                state.record = reopened
             elif status != "active":
                 raise AccountantError("FAILED_PRECONDITION", f"run {run_id!r} is {status}; only an interrupted run can be reopened")
         return self.status(run_id)

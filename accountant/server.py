@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import threading
 import time
@@ -11,12 +12,13 @@ from pathlib import Path
 import uvicorn
 
 from vesper.accountant.budget import Accountant
-from vesper.accountant.ledger_store import LedgerStore
+from vesper.accountant.ledger_store import LedgerStore, check_ledger_file
 from vesper.accountant.rest import create_app
 from vesper.accountant.service import AccountantService
 from vesper.common.charge_token import ensure_distinct_tokens
 from vesper.common.config import AccountantConfig
 from vesper.common.grpc_server import start_server, write_ready_file
+from vesper.common.writable import check_writable_file_dir
 from vesper.proto.v1 import accountant_pb2, accountant_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -31,7 +33,15 @@ def _bind(listen: str) -> socket.socket:
     return sock
 
 
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
 def serve(config: AccountantConfig, ready_file: Path | None = None) -> None:
+    # before it serves: a ledger path that is not a ledger, or a directory it cannot write (the ledger's
+    # write-ahead log lives beside it), stops it with LedgerFileError / SettingError
+    check_ledger_file(config.ledger, "accountant.ledger")
+    check_writable_file_dir(config.ledger, "accountant.ledger")
     # refuses to start when the two parties' tokens coincide: either could spend the other's ledger
     token, label_token = ensure_distinct_tokens(config.charge_token_file, config.label_charge_token_file)
     store = LedgerStore(config.ledger)
@@ -62,6 +72,10 @@ def serve(config: AccountantConfig, ready_file: Path | None = None) -> None:
             write_ready_file(ready_file, grpc_port=grpc_port, rest_port=rest_port, rest_url=f"{scheme}://{rest_host}:{rest_port}")
 
     threading.Thread(target=announce, daemon=True).start()
+    # uvicorn re-raises the SIGTERM that stopped it once it has returned; under the default handler that
+    # ends the process at once, before the ledger below is closed (and its write-ahead log moved into
+    # the file). As SystemExit it unwinds through the finally instead.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     try:
         server.run(sockets=[rest_socket])  # returns on SIGINT/SIGTERM
     finally:

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import hmac
 import json
+import sqlite3
 from collections.abc import Callable
 from typing import TypeVar
 
 import grpc
+from pydantic import ValidationError
 
 from vesper.accountant.budget import Accountant, AccountantError
+from vesper.common.config import describe_validation_error
 from vesper.common.privacy.ledger import LABEL_UNIT, RunStatusView
 from vesper.common.privacy.plan_messages import (
     passes_from_proto,
@@ -88,7 +91,16 @@ class AccountantService(pb_grpc.AccountantServicer):
             return fn()
         except AccountantError as exc:
             context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
-        except ValueError as exc:  # a pydantic model refused a field of the request
+        except sqlite3.OperationalError as exc:  # the ledger's disk: full, read-only, failing
+            context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the accountant cannot write its ledger ({exc}); nothing was recorded for this call. Fix the "
+                "accountant's disk (accountant.ledger); party A waits and retries, then interrupts the run",
+            )
+        except ValidationError as exc:  # a pydantic model refused a field of the request: which, and why
+            problems = describe_validation_error(exc).replace("\n", "; ")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid {exc.title} in the request: {problems}")
+        except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc).splitlines()[0] if str(exc) else "invalid request")
 
     def _presenter(self, context: grpc.ServicerContext) -> str | None:
@@ -161,7 +173,7 @@ class AccountantService(pb_grpc.AccountantServicer):
             lambda: self.accountant.create_run(
                 request.run_id, request.privacy_unit, request.accounting, request.accountant or "pld",
                 request.epsilon_budget, request.delta, rules_from_proto(request.rules), request.extractor, details,
-                request.assumption_note,
+                request.assumption_note, request.lease, request.lease_ttl_s,
             ),
         )
         return status_message(view)
@@ -172,7 +184,7 @@ class AccountantService(pb_grpc.AccountantServicer):
             context,
             lambda: self.accountant.charge(
                 request.run_id, request.release_key, request.pass_id, request.kind, request.num_nodes,
-                request.nodes_digest, request.release_event_json,
+                request.nodes_digest, request.release_event_json, request.lease,
             ),
         )
         view = self.accountant.status(request.run_id)
@@ -186,9 +198,24 @@ class AccountantService(pb_grpc.AccountantServicer):
 
     def CloseRun(self, request: pb.CloseRunRequest, context: grpc.ServicerContext) -> pb.RunStatus:
         self._authorize_run(context, "closing", request.run_id)
-        view = self._call(context, lambda: self.accountant.close_run(request.run_id, request.status, request.reason))
+        view = self._call(
+            context, lambda: self.accountant.close_run(request.run_id, request.status, request.reason, request.lease)
+        )
         return status_message(view)
 
     def ReopenRun(self, request: pb.ReopenRunRequest, context: grpc.ServicerContext) -> pb.RunStatus:
         self._authorize_run(context, "reopening", request.run_id)
-        return status_message(self._call(context, lambda: self.accountant.reopen_run(request.run_id, request.reason)))
+        return status_message(self._call(context, lambda: self.accountant.reopen_run(
+            request.run_id, request.reason, request.lease, request.lease_ttl_s,
+        )))
+
+    def AnnounceRun(self, request: pb.LeaseRequest, context: grpc.ServicerContext) -> pb.LeaseReply:
+        """Party A's trainer announces a new run with its lease, before it sets the run up with B."""
+        self._authorize(context, "announcing a run", "edge", self._authenticate(context, "announcing a run"))
+        expires = self._call(context, lambda: self.accountant.announce_run(request.run_id, request.lease, request.ttl_s))
+        return pb.LeaseReply(run_id=request.run_id, expires_in_s=expires)
+
+    def RenewLease(self, request: pb.LeaseRequest, context: grpc.ServicerContext) -> pb.LeaseReply:
+        self._authorize(context, "renewing a lease", "edge", self._authenticate(context, "renewing a lease"))
+        expires = self._call(context, lambda: self.accountant.renew_lease(request.run_id, request.lease, request.ttl_s))
+        return pb.LeaseReply(run_id=request.run_id, expires_in_s=expires)

@@ -47,6 +47,10 @@ class PeerLost(PeerError):
         self.peer = peer
 
 
+class LeaseRefused(PeerError):
+    """The accountant refused a call because another trainer holds the run (ABORTED)."""
+
+
 class BudgetRefused(RuntimeError):
     """The accountant refused a charge: the budget cannot cover it."""
 
@@ -93,6 +97,13 @@ class AccountantClient:
             channel if channel is not None else open_channel(address, tls, channel_options(16), setting=tls_setting)
         )
         self._stub = acc_grpc.AccountantStub(self._channel)
+        # the lease of the trainer this client charges for (party A; accountant/leases.py): "" = none
+        self.lease = ""
+        self.lease_ttl_s = 0.0
+
+    def hold(self, lease: str, ttl_s: float) -> None:
+        """Make every spending call under ``lease``, which the accountant keeps ``ttl_s`` between renewals."""
+        self.lease, self.lease_ttl_s = lease, ttl_s
 
     @property
     def channel(self) -> grpc.Channel:
@@ -113,6 +124,8 @@ class AccountantClient:
             except grpc.RpcError as error:
                 if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                     raise BudgetRefused(error.details()) from None
+                if error.code() == grpc.StatusCode.ABORTED:
+                    raise LeaseRefused(f"the accountant refused to {what}: {error.details()}") from None
                 pause = min(0.2 * 2**attempt, 2.0 if deadline is not None else 5.0)
                 again = attempt < retries if deadline is None else time.monotonic() + pause < deadline
                 if error.code() in self.RETRIED and again:
@@ -159,8 +172,18 @@ class AccountantClient:
             run_id=run_id, privacy_unit=privacy_unit, accounting=accounting, accountant=accountant,
             epsilon_budget=epsilon_budget, delta=delta, rules=[rule_to_proto(r) for r in rules],
             extractor=extractor, details_json=json.dumps(details), assumption_note=assumption_note,
+            lease=self.lease, lease_ttl_s=self.lease_ttl_s,
         )
         return self._call("create the run", self._stub.CreateRun, request, spend=True)
+
+    def announce_run(self, run_id: str) -> acc_pb.LeaseReply:
+        """Before party A sets the run up with B: the run's id, under this client's lease."""
+        request = acc_pb.LeaseRequest(run_id=run_id, lease=self.lease, ttl_s=self.lease_ttl_s)
+        return self._call("announce the run", self._stub.AnnounceRun, request, spend=True, retries=self.charge_retries)
+
+    def renew_lease(self, run_id: str) -> acc_pb.LeaseReply:
+        request = acc_pb.LeaseRequest(run_id=run_id, lease=self.lease, ttl_s=self.lease_ttl_s)
+        return self._call("renew the run's lease", self._stub.RenewLease, request, spend=True)
 
     def charge(
         self, run_id: str, release_key: str, pass_id: str, kind: str, num_nodes: int, nodes_digest: str,
@@ -168,7 +191,7 @@ class AccountantClient:
     ) -> acc_pb.ChargeReceipt:
         request = acc_pb.ChargeRequest(
             run_id=run_id, release_key=release_key, pass_id=pass_id, kind=kind, num_nodes=num_nodes,
-            nodes_digest=nodes_digest, release_event_json=release_event_json,
+            nodes_digest=nodes_digest, release_event_json=release_event_json, lease=self.lease,
         )
         return self._call(
             f"charge release {release_key}", self._stub.Charge, request, spend=True, retries=self.charge_retries
@@ -180,9 +203,9 @@ class AccountantClient:
         )
 
     def reopen_run(self, run_id: str, reason: str) -> acc_pb.RunStatus:
-        request = acc_pb.ReopenRunRequest(run_id=run_id, reason=reason)
+        request = acc_pb.ReopenRunRequest(run_id=run_id, reason=reason, lease=self.lease, lease_ttl_s=self.lease_ttl_s)
         return self._call("reopen the run", self._stub.ReopenRun, request, spend=True, retries=self.charge_retries)
 
     def close_run(self, run_id: str, status: str, reason: str) -> acc_pb.RunStatus:
-        request = acc_pb.CloseRunRequest(run_id=run_id, status=status, reason=reason)
+        request = acc_pb.CloseRunRequest(run_id=run_id, status=status, reason=reason, lease=self.lease)
         return self._call("close the run", self._stub.CloseRun, request, spend=True, retries=self.charge_retries)

@@ -10,9 +10,11 @@ from __future__ import annotations
 import math
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from vesper.common.versioning import Report
 
 DecoderName = Literal["concat", "gru"]
 AccountingMode = Literal["visible-batch", "hidden-batch"]
@@ -22,6 +24,9 @@ WireDTypeName = Literal["float32", "bfloat16"]
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+
+
+_M = TypeVar("_M", bound=BaseModel)
 
 
 class ExtractorConfig(_Model):
@@ -342,7 +347,16 @@ class PartyAConfig(_Model):
     pipeline: bool = Field(
         True, description="sample step t+1 while B computes step t; exact: the same releases either way"
     )
+    lease_s: float = Field(
+        15.0, ge=1.0, le=3600.0,
+        description="a run has one trainer: the accountant keeps the trainer's lease this long between renewals "
+        "(every third of it); a resume of a run whose trainer was killed waits at most this long",
+    )
     torch_threads: int | None = Field(None, ge=1, description=TORCH_THREADS)
+
+
+# a decoder has one output row per class: a bound keeps a stray label value from asking for terabytes
+DEFAULT_MAX_CLASSES = 1000
 
 
 class PartyBConfig(_Model):
@@ -374,6 +388,10 @@ class PartyBConfig(_Model):
     )
     tls: TlsConfig | None = Field(None, description="mutual TLS to party A and the accountant; unset = plaintext (loopback only)")
     torch_threads: int | None = Field(None, ge=1, description=TORCH_THREADS)
+    max_classes: int = Field(
+        DEFAULT_MAX_CLASSES, ge=2, le=1_000_000,
+        description="the most classes B's labels may have: a label outside 0..max_classes-1 is refused when the data is loaded",
+    )
 
 
 class AccountantConfig(_Model):
@@ -405,15 +423,42 @@ class VesperConfig(_Model):
     run: RunConfig | None = None
 
 
+class ConfigError(ValueError):
+    """Settings that cannot be used; one line per problem, naming the setting, what is wrong and
+    the value given (never a raw validation dump)."""
+
+
+def describe_validation_error(exc: ValidationError, prefix: str = "") -> str:
+    """``exc`` as one line per problem: ``prefix.dotted.setting: message (got VALUE)``."""
+    lines = []
+    for error in exc.errors(include_url=False):
+        where = ".".join(str(part) for part in (prefix, *error["loc"]) if part != "")
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = "not a setting here (check its spelling and its section)"
+        given = error.get("input")
+        shown = "" if error["type"] in ("missing", "extra_forbidden") or isinstance(given, dict) else f" (got {given!r:.60})"
+        lines.append(f"{where or 'settings'}: {message}{shown}")
+    return "\n".join(lines)
+
+
+def validated(model: type[_M], data: Any, what: str, prefix: str = "") -> _M:
+    """``model.model_validate(data)``, or a ConfigError that starts with ``what`` and lists every problem."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{what}:\n{describe_validation_error(exc, prefix)}") from None
+
+
 def load_config(path: Path) -> VesperConfig:
-    """Read and validate a TOML config file."""
+    """Read and validate a TOML config file (ConfigError, a ValueError, on any problem)."""
     try:
         raw = tomllib.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise ValueError(f"config file {path} does not exist") from None
+        raise ConfigError(f"config file {path} does not exist") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
-    return VesperConfig.model_validate(raw)
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    return validated(VesperConfig, raw, f"config file {path} has settings vesper cannot use")
 
 
 def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
@@ -429,12 +474,13 @@ class Metric(_Model):
     value: float
 
 
-class RunSummary(_Model):
-    """What a finished run reports; ``vesper train --json-out`` writes exactly this."""
+class RunSummary(Report):
+    """What a finished run reports; ``vesper train --json-out`` writes exactly this.
 
-    # a summary crosses versions (party A upgraded before its coordinator): fields this
-    # version does not know are dropped, not fatal; settings (the other models) stay strict
-    model_config = ConfigDict(extra="ignore", ser_json_inf_nan="strings")
+    A report (common.versioning): it crosses versions (party A upgraded before its coordinator),
+    so fields this version does not know are dropped, and a newer ``format`` is refused clearly;
+    settings (the other models) stay strict.
+    """
 
     run_id: str
     # interrupted: a peer was lost mid-run; `vesper train --resume RUN` continues it

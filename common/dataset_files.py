@@ -57,6 +57,11 @@ class DatasetError(ValueError):
     """A dataset name or file cannot be used; the text says why."""
 
 
+class DatasetNotFound(DatasetError):
+    """The dataset names no file this party has (services answer NOT_FOUND; other
+    DatasetErrors are about a file's contents)."""
+
+
 def bundled_path(name: str) -> Path:
     return Path(__file__).resolve().parent / "bundled" / f"{name}.npz"
 
@@ -72,15 +77,15 @@ def resolve_dataset(name_or_path: str, aliases: dict[str, str] | None = None) ->
         try:
             path = Path(name_or_path).expanduser()
         except RuntimeError:  # "~someone" and there is no such user
-            raise DatasetError(f"unknown dataset {name_or_path!r}: no such home directory") from None
+            raise DatasetNotFound(f"unknown dataset {name_or_path!r}: no such home directory") from None
     if not path.is_file():
         known = ", ".join(sorted(set(BUNDLED) | set(aliases)))
-        raise DatasetError(
+        raise DatasetNotFound(
             f"unknown dataset {name_or_path!r}: not a file, and not one of this party's "
             f"datasets ({known})"
         )
     if path.suffix != ".npz":
-        raise DatasetError(f"dataset file {path} is not an .npz file")
+        raise DatasetNotFound(f"dataset file {path} is not an .npz file")
     return path
 
 
@@ -152,14 +157,30 @@ def load_graph_part(path: Path) -> GraphPart:
     return GraphPart(num_nodes=num_nodes, edges=edges, features=features)
 
 
+def _class_labels(raw: np.ndarray, path: Path) -> np.ndarray:
+    """Labels as int64 classes; a NaN, an infinity or a fraction is named with its row, never cast."""
+    if raw.dtype.kind == "f":
+        bad = ~np.isfinite(raw)
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise DatasetError(f"{path}: label at row {row} is {raw[row]}: every labelled node needs a class 0..C-1")
+        fractional = raw != np.round(raw)
+        if fractional.any():
+            row = int(np.argmax(fractional))
+            raise DatasetError(f"{path}: label at row {row} is {raw[row]}, not a whole number: labels are classes 0..C-1")
+    elif raw.dtype.kind not in "iub":
+        raise DatasetError(f"{path}: labels are {raw.dtype}, not class numbers 0..C-1")
+    return raw.astype(np.int64)
+
+
 def load_label_part(path: Path) -> LabelPart:
     archive, layout = _open(path)
     with archive:
         if layout == "pitfalls":
-            labels = archive["labels"].astype(np.int64)
+            labels = _class_labels(archive["labels"], path)
             masks = None
         else:
-            labels = archive["node_labels"].astype(np.int64)
+            labels = _class_labels(archive["node_labels"], path)
             names = ("train_masks", "val_masks", "test_masks")
             masks = (
                 tuple(np.atleast_2d(archive[n]).astype(bool) for n in names)
@@ -169,7 +190,8 @@ def load_label_part(path: Path) -> LabelPart:
     if labels.ndim != 1 or labels.size == 0:
         raise DatasetError(f"{path}: labels must be a non-empty vector")
     if labels.min() < 0:
-        raise DatasetError(f"{path}: negative labels")
+        row = int(np.argmax(labels < 0))
+        raise DatasetError(f"{path}: label {int(labels[row])} at row {row} is negative: labels are classes 0..C-1")
     if masks is not None and any(m.shape[1] != labels.size for m in masks):
         raise DatasetError(f"{path}: split masks do not match the {labels.size} labels")
     return LabelPart(labels=labels, masks=masks)  # type: ignore[arg-type]

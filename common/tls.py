@@ -30,6 +30,10 @@ SERVICE_CALLERS: dict[str, tuple[str, ...]] = {
 }
 
 
+# the role each service's certificate carries as its common name (coordinator.certs issues them)
+KNOWN_ROLES = ("accountant", "party-a", "party-b", "coordinator")
+
+
 class TlsError(ValueError):
     """A configured TLS file is missing, unreadable or not PEM; the message names it and its setting."""
 
@@ -93,6 +97,7 @@ def _check_consistent(material: TlsMaterial, tls: TlsConfig, setting: str) -> No
         raise TlsError(f"{setting}.key_file = {tls.key_file}: not a readable PEM private key ({exc})") from None
     if key.public_key() != certificates["cert_file"].public_key():
         raise TlsError(f"{setting}.key_file = {tls.key_file} is not the key of {setting}.cert_file = {tls.cert_file}")
+    _check_own_certificate(certificates["cert_file"], tls, setting)
     try:
         certificates["cert_file"].verify_directly_issued_by(certificates["ca_file"])
     except (ValueError, TypeError, InvalidSignature):
@@ -100,6 +105,31 @@ def _check_consistent(material: TlsMaterial, tls: TlsConfig, setting: str) -> No
             f"{setting}.cert_file = {tls.cert_file} was not signed by the CA of {setting}.ca_file = {tls.ca_file} "
             "(files from two runs of `vesper certs`?)"
         ) from None
+
+
+def _check_own_certificate(certificate: object, tls: TlsConfig, setting: str) -> None:
+    """``cert_file`` is a service's own certificate: not the CA's, and of the role its section says
+    (``party_b.tls`` holds a ``party-b`` certificate), so a mix-up stops the service at start."""
+    from cryptography import x509
+
+    try:
+        constraints = certificate.extensions.get_extension_for_class(x509.BasicConstraints).value
+    except x509.ExtensionNotFound:
+        constraints = None
+    if constraints is not None and constraints.ca:
+        raise TlsError(
+            f"{setting}.cert_file = {tls.cert_file} is a CA certificate, not a service's own: give this service's "
+            "certificate (`vesper certs` makes one per role, e.g. party-a.pem), and the CA's as ca_file"
+        )
+    section = setting.split(".")[0]
+    expected = section.replace("_", "-")
+    names = certificate.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)
+    role = str(names[0].value) if names else ""
+    if expected in KNOWN_ROLES and role != expected:
+        raise TlsError(
+            f"{setting}.cert_file = {tls.cert_file} is a certificate of role {role or '(none)'!r}, but {section} needs "
+            f"its own, of role {expected!r}: `vesper certs --role {expected}` makes it"
+        )
 
 
 def server_credentials(tls: TlsConfig, setting: str = "tls") -> grpc.ServerCredentials:

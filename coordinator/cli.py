@@ -19,6 +19,7 @@ from rich.table import Table
 
 from vesper.common.config import (
     AccountantConfig,
+    ConfigError,
     PartyAConfig,
     PartyBConfig,
     RunConfig,
@@ -26,16 +27,21 @@ from vesper.common.config import (
     VesperConfig,
     load_config,
     set_dotted,
+    validated,
 )
 from vesper.common.dataset_files import BUNDLED
 from vesper.coordinator.public_facts import with_published_edge_bound
 from vesper.coordinator.run_client import format_epsilon
 
+# --help in click's plain layout: at 80 columns every description keeps about 50 columns (the rich
+# layout left some 15 beside long option names); no rich markup in help texts
+PLAIN_HELP = {"rich_markup_mode": None}
 app = typer.Typer(
     help="vesper: train a GNN across two institutions with edge-level differential privacy.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    **PLAIN_HELP,
 )
 console = Console()
 errors = Console(stderr=True)
@@ -86,8 +92,8 @@ def _load(config: Path | None) -> VesperConfig:
         return VesperConfig()
     try:
         return load_config(config)
-    except ValueError as exc:  # includes pydantic's ValidationError
-        _fail(f"{config}: {exc}")
+    except ConfigError as exc:
+        _fail(str(exc))
 
 
 def _epsilon(text: str | None) -> float | None:
@@ -106,13 +112,13 @@ def _run_config(base: VesperConfig, overrides: dict[str, Any]) -> RunConfig:
         if value is not None:
             set_dotted(data, dotted, value.value if isinstance(value, Enum) else value)
     try:
-        return RunConfig.model_validate(data)
-    except ValidationError as exc:
-        _fail(f"invalid run configuration:\n{exc}")
+        return validated(RunConfig, data, "invalid run settings (the [run] section and the flags)", "run")
+    except ConfigError as exc:
+        _fail(str(exc))
 
 
 # shared run options of `train` and `demo` -------------------------------------------------------
-DatasetOpt = typer.Option(None, "--dataset", help="Bundled name (cora), a name from the parties' \\[datasets], or an .npz path.")
+DatasetOpt = typer.Option(None, "--dataset", help="Bundled name (cora), a name from the parties' [datasets], or an .npz path.")
 ExtractorOpt = typer.Option(
     None, "--extractor",
     help="Party A's extractor, a plugin installed at A (`vesper extractors` lists this machine's): "
@@ -248,6 +254,17 @@ def _hidden_batch_numbers(events: float | None, bound6: float | None) -> str:
     )
 
 
+def _computed_by(s: RunSummary) -> str:
+    """What produced the summary's ε: the accountant's name, or why it is not known."""
+    if s.accountant:
+        return s.accountant
+    if s.status == "interrupted" and "accountant" in s.message:
+        return "ε as of party A's last receipt: the accountant was lost before the run was closed"
+    if s.epsilon_spent > 0 or s.steps:
+        return "ε as of party A's last receipt"
+    return "no charges"
+
+
 def print_summaries(summaries: list[RunSummary]) -> None:
     # fits 80 columns; every ε names the accounting that produced it (hidden-batch is no guarantee against B)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
@@ -291,13 +308,16 @@ def print_summaries(summaries: list[RunSummary]) -> None:
             f"[bold]{s.run_id}[/] {s.extractor}+{s.decoder} on {s.dataset}, {s.steps} steps in {s.seconds:.1f} s{val}: "
             f"{s.privacy_unit}-level ε spent "
             f"{format_epsilon(s.epsilon_spent)} of {format_epsilon(s.epsilon_budget)} at δ={s.delta:.3g} "
-            f"({s.accounting}, {s.accountant or 'no charges'}); {noise}"
+            f"({s.accounting}, {_computed_by(s)}); {noise}"
             + (f". Privacy unit: {s.relation}" if s.relation else ""),
             highlight=False,
         )
         if s.accounting == "hidden-batch":
             console.print(f"  {_hidden_batch_numbers(s.epsilon_events, s.epsilon_bound6)} {s.assumption}", highlight=False)
-        console.print(f"  status: {s.status_url}", highlight=False)
+        if s.status_url:
+            console.print(f"  status: {s.status_url}", highlight=False)
+        else:
+            console.print("  no record at the accountant: the run ended before it was created there; nothing was charged", highlight=False)
         if s.label_privacy != "none" and not s.label_run_id:
             console.print(f"  B's labels ({s.label_privacy}): party B opened no label ledger; nothing was charged", highlight=False)
         elif s.label_privacy != "none":
@@ -346,18 +366,24 @@ def serve(
             load_material(settings.tls, f"{section}.tls")
         except TlsError as exc:
             _fail(str(exc))
-    if service is Service.party_a:
-        from vesper.party_a.service import serve as serve_party_a
+    from vesper.accountant.ledger_store import LedgerFileError
+    from vesper.common.writable import SettingError
 
-        serve_party_a(settings, ready_file)
-    elif service is Service.party_b:
-        from vesper.party_b.service import serve as serve_party_b
+    try:  # a setting the service cannot run with (an unwritable workdir, a ledger that is not one) stops it here
+        if service is Service.party_a:
+            from vesper.party_a.service import serve as serve_party_a
 
-        serve_party_b(settings, ready_file)
-    else:
-        from vesper.accountant.server import serve as serve_accountant
+            serve_party_a(settings, ready_file)
+        elif service is Service.party_b:
+            from vesper.party_b.service import serve as serve_party_b
 
-        serve_accountant(settings, ready_file)
+            serve_party_b(settings, ready_file)
+        else:
+            from vesper.accountant.server import serve as serve_accountant
+
+            serve_accountant(settings, ready_file)
+    except (SettingError, LedgerFileError) as exc:
+        _fail(str(exc))
 
 
 @app.command()
@@ -379,8 +405,8 @@ def health(
 
 @app.command()
 def train(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file with \\[run] and \\[coordinator]."),
-    party_a: Optional[str] = typer.Option(None, "--party-a", help="Party A's gRPC address (default: \\[coordinator].party_a)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file with [run] and [coordinator]."),
+    party_a: Optional[str] = typer.Option(None, "--party-a", help="Party A's gRPC address (default: [coordinator].party_a)."),
     dataset: Optional[str] = DatasetOpt,
     extractor: Optional[str] = ExtractorOpt,
     param: Optional[list[str]] = ParamOpt,
@@ -435,7 +461,7 @@ def train(
     try:
         summary = drive_run(address, run, console, tls=tls, resume_run_id=resume)
     except RunClientError as exc:
-        _fail(str(exc), 1)
+        _fail(str(exc), exc.exit_code)
     print_summaries([summary])
     _write_json(json_out, summary)
     raise typer.Exit(EXIT_CODES[summary.status])
@@ -449,19 +475,22 @@ def _status_source(url: str | None, config: Path | None, ledger_file: Path | Non
     if ca_file is None and cfg.coordinator is not None and cfg.coordinator.tls is not None:
         ca_file = cfg.coordinator.tls.ca_file
     if ledger_file is not None:
-        if not ledger_file.is_file():
-            _fail(f"no ledger file at {ledger_file}")
-        return status_client.LedgerFile(ledger_file)
+        if not ledger_file.exists():
+            _fail(f"--ledger {ledger_file}: no such file")
+        try:
+            return status_client.LedgerFile(ledger_file)  # read-only: the audit never writes the file
+        except status_client.StatusError as exc:
+            _fail(str(exc), 1)
     return status_client.StatusEndpoint(base, ca_file)
 
 
-UrlOpt = typer.Option(None, "--url", help="The accountant's REST base URL (default: \\[coordinator].accountant_status_url).")
-StatusConfigOpt = typer.Option(None, "--config", "-c", help="TOML file with \\[coordinator].")
+UrlOpt = typer.Option(None, "--url", help="The accountant's REST base URL (default: [coordinator].accountant_status_url).")
+StatusConfigOpt = typer.Option(None, "--config", "-c", help="TOML file with [coordinator].")
 LedgerOpt = typer.Option(None, "--ledger", help="Read a ledger file directly instead of the REST endpoint.")
 CaOpt = typer.Option(
     None, "--ca",
     help="The deployment's CA certificate (ca.pem of `vesper certs`) to verify an https status URL "
-    "(default: \\[coordinator].tls.ca_file, else the system's trust store).",
+    "(default: [coordinator].tls.ca_file, else the system's trust store).",
 )
 
 
@@ -570,7 +599,7 @@ def status(
         _fail(str(exc), 1)
 
 
-ledger_app = typer.Typer(help="Audit a run's ledger.", no_args_is_help=True)
+ledger_app = typer.Typer(help="Audit a run's ledger.", no_args_is_help=True, **PLAIN_HELP)
 app.add_typer(ledger_app, name="ledger")
 
 
@@ -602,7 +631,7 @@ def ledger_verify(
 def audit(
     run_id: str = typer.Argument(..., help="A finished run, trained with audit.record_releases = true."),
     config: Optional[Path] = typer.Option(
-        None, "--config", "-c", help="TOML file whose \\[party_a] and \\[party_b] sections name the workdirs."
+        None, "--config", "-c", help="TOML file whose [party_a] and [party_b] sections name the workdirs."
     ),
     party_a_workdir: Optional[Path] = typer.Option(None, "--party-a-workdir", help="Party A's workdir (A's summary and canary draw)."),
     party_b_workdir: Optional[Path] = typer.Option(None, "--party-b-workdir", help="Party B's workdir (what B received)."),
@@ -695,7 +724,7 @@ def demo(
     label_param: Optional[list[str]] = LabelParamOpt,
     record_gradients: Optional[bool] = RecordGradientsOpt,
     json_out: Optional[Path] = JsonOutOpt,
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file with a \\[run] section to start from."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file with a [run] section to start from."),
     workdir: Path = typer.Option(Path(".vesper/demo"), "--workdir", help="Configs, logs, ledger and models of the demo."),
     baseline: bool = typer.Option(True, "--baseline/--no-baseline", help="Also train the MLP extractor (no edges) to compare."),
     keep_serving: bool = typer.Option(False, "--keep-serving", help="Leave the services running until Ctrl-C."),
@@ -735,11 +764,12 @@ def demo(
                     pass
             else:
                 console.print(
-                    f"the services stop now; the ledger stays in {cluster.ledger}. To read it again: "
+                    f"the services stop now; the ledger stays in {cluster.ledger} (the accountant moves every charge "
+                    "into that file when it stops, so the file alone is the whole ledger). To read it again: "
                     f"vesper ledger verify {summary.run_id} --ledger {cluster.ledger}", highlight=False,
                 )
     except (ServiceStartError, RunClientError) as exc:
-        _fail(str(exc), 1)
+        _fail(str(exc), getattr(exc, "exit_code", 1))
     raise typer.Exit(EXIT_CODES[summary.status])
 
 
@@ -794,7 +824,7 @@ def extractors_command(
             console.print(f"  --param {name}=…  (default {default}) {description}", highlight=False)
 
 
-bench_app = typer.Typer(help="Benchmarks: commands that measure, not tests.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks: commands that measure, not tests.", no_args_is_help=True, **PLAIN_HELP)
 app.add_typer(bench_app, name="bench")
 
 
@@ -819,8 +849,8 @@ def bench_extractors(
         ["4"], "--epsilon", help="Budget of the runs; 'inf' = no noise. Repeat for a sweep: a column per ε."
     ),
     accounting: Accounting = typer.Option(Accounting.visible_batch, "--accounting", help="Accounting mode of every run."),
-    epochs: Optional[int] = typer.Option(None, "--epochs", help="Training epochs (default: the \\[run] section's, else 50).", min=1),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file whose \\[run] section every run starts from."),
+    epochs: Optional[int] = typer.Option(None, "--epochs", help="Training epochs (default: the [run] section's, else 50).", min=1),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file whose [run] section every run starts from."),
     out: Path = typer.Option(Path("bench/extractors"), "--out", help="Directory for results.csv, results.md and results.png."),
     jobs: int = typer.Option(1, "--jobs", help="Runs at a time, each with its own services on loopback.", min=1),
     party_a: Optional[str] = typer.Option(
@@ -867,7 +897,7 @@ def bench_extractors(
                     base, dataset, names, seeds, out, lambda c: drive_run(cluster.party_a_address, c, console), console
                 )
     except (ServiceStartError, RunClientError) as exc:
-        _fail(str(exc), 1)
+        _fail(str(exc), getattr(exc, "exit_code", 1))
     report(rows)
 
 
@@ -893,7 +923,7 @@ def _bench_sweep(
                 drivers = [driver(c.party_a_address) for c in clusters]
             rows = sweep.run_sweep(base, budgets, datasets, names, seeds, out, drivers, console)
     except (ServiceStartError, RunClientError) as exc:
-        _fail(str(exc), 1)
+        _fail(str(exc), getattr(exc, "exit_code", 1))
     (out / "results.md").write_text(sweep.markdown(rows, base, budgets, seeds, command) + "\n")
     sweep.plot(rows, budgets, out / "results.png")
     console.print((out / "results.md").read_text(), highlight=False)
@@ -961,7 +991,7 @@ def bench_snr(
         None, "--extractor", help="Extractors to profile (repeat; default pmp-gin, pmp-gcn, gap)."
     ),
     epsilon: str = typer.Option("4", "--epsilon", help="The run's budget, for calibrating z."),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file whose \\[run] section sets the run (epochs, dim, fanout, ...)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file whose [run] section sets the run (epochs, dim, fanout, ...)."),
     dim: Optional[int] = typer.Option(None, "--dim", help="d, width of every released embedding.", min=1),
     fanout: Optional[int] = typer.Option(None, "--fanout", help="D, neighbours sampled per node and layer (0 = all).", min=0),
     epochs: Optional[int] = typer.Option(None, "--epochs", help="Training epochs of the planned run.", min=1),
@@ -1049,7 +1079,7 @@ def certs(
     console.print(f"valid until {issued.not_valid_after:%Y-%m-%d %H:%M} UTC; keys are 0600", highlight=False)
 
 
-data_app = typer.Typer(help="Data sets: make synthetic graphs.", no_args_is_help=True)
+data_app = typer.Typer(help="Data sets: make synthetic graphs.", no_args_is_help=True, **PLAIN_HELP)
 app.add_typer(data_app, name="data")
 
 

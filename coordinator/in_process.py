@@ -67,7 +67,7 @@ from vesper.accountant.service import AccountantService
 from vesper.common.accountant_client import AccountantClient
 from vesper.common.charge_token import TokenError, ensure_distinct_tokens, read_token
 from vesper.common.config import PartyAConfig, PartyBConfig, RunConfig, RunSummary
-from vesper.common.dataset_files import DatasetError, resolve_dataset
+from vesper.common.dataset_files import DatasetNotFound, resolve_dataset
 from vesper.coordinator.run_client import RunClientError
 from vesper.party_a.peers import LabelPartyClient
 from vesper.party_a.trainer import GraphData, GraphPartyRun, ProgressEvent
@@ -568,11 +568,11 @@ class InProcessCluster:
                     log.info("loading graph %s onto %s", path, self.settings_a.device)
                     self._graphs[key] = GraphData.load(path, torch.device(self.settings_a.device))
                 return self._graphs[key]
-        except DatasetError as exc:
+        except DatasetNotFound as exc:
             raise _refused(grpc.StatusCode.NOT_FOUND, f"party A: {exc}") from None
-        except ValueError as exc:
+        except ValueError as exc:  # DatasetError included: the file is there, its contents cannot be used
             raise _refused(
-                grpc.StatusCode.FAILED_PRECONDITION, f"party A cannot load {dataset!r}: {exc}"
+                grpc.StatusCode.FAILED_PRECONDITION, f"party A cannot use dataset {dataset!r}: {exc}"
             ) from None
 
     def _charge_token(self) -> str | None:

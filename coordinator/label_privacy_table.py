@@ -711,7 +711,7 @@ def label_privacy_command(
     ),
     jobs: int = typer.Option(1, "--jobs", help="Runs at a time, each with its own services on loopback.", min=1),
     out: Path = typer.Option(Path("bench/label-privacy"), "--out", help="Directory for results.csv, results.md and results.png."),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file whose \\[run] section every run starts from."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file whose [run] section every run starts from."),
 ) -> None:
     """Label leakage to party A against B's label ε, through the real services.
 

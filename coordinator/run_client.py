@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable
 
 import grpc
+from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -15,7 +16,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from vesper.common.config import RunConfig, RunSummary, TlsConfig
+from vesper.common.config import RunConfig, RunSummary, TlsConfig, describe_validation_error
 from vesper.common.grpc_server import channel_options
 from vesper.common.tls import TlsError, open_channel
 from vesper.proto.v1 import graph_party_pb2 as pb
@@ -23,7 +24,27 @@ from vesper.proto.v1 import graph_party_pb2_grpc as pb_grpc
 
 
 class RunClientError(RuntimeError):
-    """Party A could not be reached or refused the run."""
+    """Party A could not be reached or refused the run; ``exit_code`` is what `vesper train` exits with."""
+
+    exit_code = 1
+
+
+class PartyALost(RunClientError):
+    """Party A vanished during a run that it had started: the run is interrupted, and resumable."""
+
+    exit_code = 4  # as a run summary with status interrupted
+
+
+# how a vanished server shows on an open stream: the connection went (UNAVAILABLE), or the
+# stream was reset under the call (INTERNAL / UNKNOWN "Stream removed", "RST_STREAM")
+_TRANSPORT_LOST = ("stream removed", "rst_stream", "socket closed", "connection reset", "failed to connect")
+
+
+def _party_a_vanished(error: grpc.RpcError) -> bool:
+    if error.code() == grpc.StatusCode.UNAVAILABLE:
+        return True
+    details = (error.details() or "").lower()
+    return error.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN) and any(t in details for t in _TRANSPORT_LOST)
 
 
 def format_epsilon(value: float | None) -> str:
@@ -51,7 +72,8 @@ def drive_run(
         request = pb.StartRunRequest(resume_run_id=resume_run_id)
         budget, mode, title = "budget", "", f"resuming {resume_run_id}"
     else:
-        request = pb.StartRunRequest(run_config_json=config.model_dump_json())
+        # settings cross versions strictly: only those given are sent, and party A applies its own defaults
+        request = pb.StartRunRequest(run_config_json=config.model_dump_json(exclude_unset=True))
         budget, mode = format_epsilon(config.privacy.epsilon), config.privacy.accounting
         title = f"{config.extractor.name} on {config.dataset}"
     run_id = resume_run_id or ""
@@ -75,7 +97,11 @@ def drive_run(
                 task = progress.add_task(title, total=None, loss="-", eps="0", budget=budget, mode=mode or "accounting: ?")
                 for event in call:
                     if event.HasField("summary_json"):
-                        summary = RunSummary.model_validate_json(event.summary_json)
+                        try:
+                            summary = RunSummary.model_validate_json(event.summary_json)
+                        except ValidationError as exc:  # a newer party A's summary format
+                            problems = describe_validation_error(exc).replace("\n", "; ")
+                            raise RunClientError(f"cannot read party A's run summary: {problems}") from None
                         progress.update(task, description=summary.status, eps=format_epsilon(summary.epsilon_spent))
                         return summary
                     p = event.progress
@@ -95,12 +121,17 @@ def drive_run(
             call.cancel()
             raise
         except grpc.RpcError as error:
-            if error.code() == grpc.StatusCode.UNAVAILABLE:
+            if _party_a_vanished(error):
                 if run_id:
-                    raise RunClientError(
-                        f"lost party A at {party_a} during run {run_id} ({error.details()}); once party A is "
-                        f"back: vesper train --resume {run_id}"
+                    raise PartyALost(
+                        f"lost party A at {party_a} during run {run_id} ({error.details()}); the run is interrupted. "
+                        f"Once party A is back: vesper train --resume {run_id}"
                     ) from None
                 raise RunClientError(f"cannot reach party A at {party_a}: {error.details()}") from None
             raise RunClientError(f"party A refused the run: {error.code().name}: {error.details()}") from None
+    if run_id:
+        raise PartyALost(
+            f"party A ended run {run_id} without a summary; the run is interrupted. Once party A is back: "
+            f"vesper train --resume {run_id}"
+        )
     raise RunClientError("party A ended the run without a summary")

@@ -5,15 +5,21 @@ Both sources give the same views; ``verify`` recomputes ε from the ledger alone
 
 from __future__ import annotations
 
+import json
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
+from pydantic import BaseModel, ValidationError
 
 from vesper.accountant.budget import Accountant, AccountantError
-from vesper.accountant.ledger_store import LedgerStore
+from vesper.accountant.ledger_store import LedgerFileError, LedgerStore
+from vesper.common.config import describe_validation_error
 from vesper.common.privacy.ledger import LedgerView, ReplayResult, RunStatusView, replay
+
+T = TypeVar("T", bound=BaseModel)
 
 
 class StatusError(RuntimeError):
@@ -21,11 +27,15 @@ class StatusError(RuntimeError):
 
 
 class LedgerFile:
-    """A ledger file read in place, through the same code the REST endpoint uses."""
+    """A ledger file read in place, through the same code the REST endpoint uses, read-only:
+    auditing a ledger never writes a byte of it."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.accountant = Accountant(LedgerStore(path))
+        try:
+            self.accountant = Accountant(LedgerStore(path, read_only=True, setting="--ledger"))
+        except LedgerFileError as exc:
+            raise StatusError(str(exc)) from None
 
     def __str__(self) -> str:
         return str(self.path)
@@ -72,6 +82,16 @@ def _get(source: str | StatusEndpoint, path: str) -> httpx.Response:
     return response
 
 
+def _read(model: type[T], data: bytes | str, source: object) -> T:
+    """The accountant's answer as ``model``; a record of a newer format (or a malformed one) is a
+    StatusError that says what to do, never a validation dump."""
+    try:
+        return model.model_validate_json(data)
+    except ValidationError as exc:
+        problems = describe_validation_error(exc).replace("\n", "; ")
+        raise StatusError(f"cannot read the accountant's answer from {source}: {problems}") from None
+
+
 def _local(call):
     try:
         return call()
@@ -82,13 +102,13 @@ def _local(call):
 def list_runs(source: Source) -> list[RunStatusView]:
     if isinstance(source, LedgerFile):
         return source.accountant.list_runs()
-    return [RunStatusView.model_validate(item) for item in _get(source, "/v1/runs").json()]
+    return [_read(RunStatusView, json.dumps(item), source) for item in _get(source, "/v1/runs").json()]
 
 
 def run_status(source: Source, run_id: str) -> RunStatusView:
     if isinstance(source, LedgerFile):
         return _local(lambda: source.accountant.status(run_id))
-    return RunStatusView.model_validate_json(_get(source, f"/v1/runs/{run_id}").content)
+    return _read(RunStatusView, _get(source, f"/v1/runs/{run_id}").content, source)
 
 
 def ledger(source: Source, run_id: str) -> LedgerView:
@@ -96,7 +116,7 @@ def ledger(source: Source, run_id: str) -> LedgerView:
         _local(lambda: source.accountant.status(run_id))
         store = source.accountant.store
         return LedgerView(run=store.get_run(run_id), rows=store.charges(run_id))
-    return LedgerView.model_validate_json(_get(source, f"/v1/runs/{run_id}/ledger").content)
+    return _read(LedgerView, _get(source, f"/v1/runs/{run_id}/ledger").content, source)
 
 
 def verify(source: Source, run_id: str) -> ReplayResult:

@@ -634,7 +634,7 @@ def utility_command(
     ),
     seeds: Optional[int] = typer.Option(None, "--seeds", help="Seeds per cell, 0, 1, ... (default 5).", min=1),
     epochs: Optional[int] = typer.Option(
-        None, "--epochs", help="Training epochs (default: the \\[run] section's, else 50; recipes may set their own).",
+        None, "--epochs", help="Training epochs (default: the [run] section's, else 50; recipes may set their own).",
         min=1,
     ),
     jobs: Optional[int] = typer.Option(None, "--jobs", help="Runs at a time, each with its own services.", min=1),
@@ -649,7 +649,7 @@ def utility_command(
         SYNTHETIC_NODES, "--synthetic-nodes", help="N of the synthetic datasets (generated once, seed 0).", min=100
     ),
     config: Optional[Path] = typer.Option(
-        None, "--config", "-c", help="TOML file whose \\[run] section every run starts from."
+        None, "--config", "-c", help="TOML file whose [run] section every run starts from."
     ),
     quick: bool = typer.Option(
         False, "--quick",

@@ -13,7 +13,14 @@ from collections.abc import Iterator
 
 import grpc
 
-from vesper.common.accountant_client import AccountantClient, BudgetRefused, PeerError, PeerLost, describe_rpc_error
+from vesper.common.accountant_client import (
+    AccountantClient,
+    BudgetRefused,
+    LeaseRefused,
+    PeerError,
+    PeerLost,
+    describe_rpc_error,
+)
 from vesper.common.config import TlsConfig
 from vesper.common.grpc_server import channel_options
 from vesper.common.tls import open_channel
@@ -21,7 +28,8 @@ from vesper.proto.v1 import label_party_pb2 as lp_pb
 from vesper.proto.v1 import label_party_pb2_grpc as lp_grpc
 
 __all__ = [
-    "AccountantClient", "BudgetRefused", "EvaluationStream", "LabelPartyClient", "PeerError", "PeerLost", "TrainingStream",
+    "AccountantClient", "BudgetRefused", "EvaluationStream", "LabelPartyClient", "LeaseRefused", "PeerError", "PeerLost",
+    "TrainingStream",
 ]
 
 

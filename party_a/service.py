@@ -20,10 +20,11 @@ from pydantic import ValidationError
 
 from vesper.common.accountant_client import PeerError
 from vesper.common.charge_token import TokenError, read_token
-from vesper.common.config import PartyAConfig, RunConfig
-from vesper.common.dataset_files import DatasetError, resolve_dataset
+from vesper.common.config import PartyAConfig, RunConfig, describe_validation_error
+from vesper.common.dataset_files import DatasetNotFound, resolve_dataset
 from vesper.common.grpc_server import start_server, wait_for_signal, write_ready_file
 from vesper.common.torch_threads import apply_torch_threads
+from vesper.common.writable import check_writable_dir
 from vesper.party_a.extractors.registry import lookup, validated_params
 from vesper.party_a.peers import AccountantClient, LabelPartyClient
 from vesper.party_a.run_checkpoint import ResumeError, RunFiles, check_resumable
@@ -51,6 +52,7 @@ class GraphPartyService(pb_grpc.GraphPartyServicer):
         self.device = torch.device(settings.device)
         self._data: dict[Path, GraphData] = {}
         self._lock = threading.Lock()
+        self._live: set[str] = set()  # runs a trainer of this service is executing: one trainer per run
 
     def _load(self, path: Path) -> GraphData:
         with self._lock:
@@ -72,6 +74,22 @@ class GraphPartyService(pb_grpc.GraphPartyServicer):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"cannot resume run {run_id}: {exc}")
         return config, record
 
+    def _claim(self, run_id: str, context: grpc.ServicerContext) -> None:
+        """Mark ``run_id`` live in this service; a second trainer of it is refused before it starts
+        (across services, the accountant's lease refuses it: party_a.run_lease)."""
+        with self._lock:
+            if run_id in self._live:
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"run {run_id} is training in this party A now: a run has one trainer, so it cannot be resumed "
+                    "while it runs; resume it once it has stopped (interrupted)",
+                )
+            self._live.add(run_id)
+
+    def _release(self, run_id: str) -> None:
+        with self._lock:
+            self._live.discard(run_id)
+
     def StartRun(self, request: pb.StartRunRequest, context: grpc.ServicerContext) -> Iterator[pb.RunEvent]:
         resume = None
         if request.resume_run_id:
@@ -81,21 +99,33 @@ class GraphPartyService(pb_grpc.GraphPartyServicer):
                     "a resumed run takes its settings from party A's record of it, not from the request",
                 )
             config, resume = self._resume_record(request.resume_run_id, context)
-        else:
+            self._claim(request.resume_run_id, context)
             try:
-                config = RunConfig.model_validate_json(request.run_config_json)
-            except ValidationError as exc:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid run configuration: {exc}")
-            try:  # the extractor and its parameters, before anything starts (ExtractorNotFound is a ValueError)
-                validated_params(lookup(config.extractor.name).spec, config)
-            except ValueError as exc:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid run configuration: {exc}")
+                yield from self._start(request, context, config, resume)
+            finally:
+                self._release(request.resume_run_id)
+            return
+        try:
+            config = RunConfig.model_validate_json(request.run_config_json)
+        except ValidationError as exc:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"invalid run configuration:\n{describe_validation_error(exc, 'run')}"
+            )
+        try:  # the extractor and its parameters, before anything starts (ExtractorNotFound is a ValueError)
+            validated_params(lookup(config.extractor.name).spec, config)
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid run configuration: {exc}")
+        yield from self._start(request, context, config, None)
+
+    def _start(
+        self, request: pb.StartRunRequest, context: grpc.ServicerContext, config: RunConfig, resume: dict | None
+    ) -> Iterator[pb.RunEvent]:
         try:
             data = self._load(resolve_dataset(config.dataset, self.settings.datasets))
-        except DatasetError as exc:
+        except DatasetNotFound as exc:
             context.abort(grpc.StatusCode.NOT_FOUND, f"party A: {exc}")
-        except ValueError as exc:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"party A cannot load {config.dataset!r}: {exc}")
+        except ValueError as exc:  # DatasetError included: the file is there, its contents cannot be used
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"party A cannot use dataset {config.dataset!r}: {exc}")
 
         events: queue.Queue = queue.Queue()
         label_party = LabelPartyClient(
@@ -128,6 +158,8 @@ class GraphPartyService(pb_grpc.GraphPartyServicer):
             config, self.settings, data, label_party, accountant,
             report=events.put, cancelled=lambda: not context.is_active(), resume=resume,
         )
+        if resume is None:
+            self._claim(run.run_id, context)  # a resume of it is refused while it trains
 
         def work() -> None:
             try:
@@ -138,6 +170,7 @@ class GraphPartyService(pb_grpc.GraphPartyServicer):
             finally:
                 label_party.close()
                 accountant.close()
+                self._release(run.run_id)  # the trainer has stopped: a resume may start
 
         log.info("run %s: %s on %s, epsilon=%s", run.run_id, config.extractor.name, config.dataset, config.privacy.epsilon)
         worker = threading.Thread(target=work, name=f"run-{run.run_id}", daemon=True)
@@ -155,6 +188,7 @@ class GraphPartyService(pb_grpc.GraphPartyServicer):
 
 
 def serve(settings: PartyAConfig, ready_file: Path | None = None) -> None:
+    check_writable_dir(settings.workdir, "party_a.workdir")  # before it serves: SettingError otherwise
     threads = apply_torch_threads(settings.torch_threads)  # before any tensor work
     name = pb.DESCRIPTOR.services_by_name["GraphParty"].full_name
     server, port = start_server(

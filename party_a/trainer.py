@@ -20,6 +20,7 @@ calibrated run ends with ε spent = the calibrated ε ≤ budget.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 import uuid
@@ -68,14 +69,18 @@ from vesper.party_a.peers import (
     BudgetRefused,
     EvaluationStream,
     LabelPartyClient,
+    LeaseRefused,
     PeerError,
     PeerLost,
 )
 from vesper.party_a.run_checkpoint import Checkpoint, Position, ReleaseJournal, ResumeError, RunFiles
+from vesper.party_a.run_lease import LeaseKeeper
 from vesper.party_a.step_timings import _NO_TIMER, STEP_TIMINGS_FILE, StepTimings
 from vesper.proto.v1 import accountant_pb2 as acc_pb
 from vesper.proto.v1 import label_party_pb2 as lp_pb
 from vesper.proto.v1 import tensor_pb2
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -252,6 +257,8 @@ class GraphPartyRun:
         self.cancelled = cancelled
         self.resume = resume
         self.run_id = resume["run_id"] if resume else uuid.uuid4().hex[:12]
+        # this trainer's lease: every spending call at the accountant carries it (party_a.run_lease)
+        self.accountant.hold(uuid.uuid4().hex, settings.lease_s)
         # canaries: the coins now, the pairs once B has named its split (_plant_canaries)
         self.canary_coins = (
             draw_coins(config.audit.canaries, canary_generator(settings.secret_seed, config.seed))
@@ -289,8 +296,9 @@ class GraphPartyRun:
             epsilon_spent=0.0, delta=self.delta, status_url=self.status_url,
             label_privacy=cfg.label_privacy.mode,
         )
-        b_ready = run_created = lost_accountant = False
+        b_ready = run_created = lost_accountant = lost_lease = refused_lease = False
         extractor: Extractor | None = None
+        keeper: LeaseKeeper | None = None
         resuming = self.resume is not None
         try:
             extractor = self._build_extractor()
@@ -300,6 +308,17 @@ class GraphPartyRun:
                 "delta": self.delta, "privacy_unit": extractor.spec.privacy_unit,
                 "cost_model": extractor.spec.cost_model, "relation": _relation(extractor),
             })
+            # a run has one trainer (accountant/leases.py): its lease first, before party B hears of the run
+            try:
+                if resuming:
+                    self._reopen_run()
+                else:
+                    self.accountant.announce_run(self.run_id)
+            except LeaseRefused:
+                refused_lease = True
+                raise
+            run_created = resuming
+            keeper = LeaseKeeper(self.accountant, self.run_id, self.settings.lease_s).start()
             resume_step = self.checkpoint.position.step if self.checkpoint else 0
             reply = self._setup_label_party(self.run_id, extractor.output_layers, resume_step)
             b_ready = True
@@ -335,10 +354,7 @@ class GraphPartyRun:
                 "sensitivity_form": release.details.get("sensitivity_form", ""),
                 "one_shot_releases": plan.one_shot_releases, "pre_train_releases": plan.pre_train_releases,
             })
-            if resuming:
-                self._reopen_run()
-                run_created = True
-            else:
+            if not resuming:
                 self._create_run(roots, plan, release, reply.split, extractor)
                 run_created = True
                 self._save_resume_record(release)
@@ -371,6 +387,11 @@ class GraphPartyRun:
                 "val_metric": metrics.get("val"),
                 "message": "completed",
             })
+        except LeaseRefused as exc:
+            # another trainer holds the run: this one leaves the run, B's session and the ledger to it
+            lost_lease = True
+            what = "not resumed" if refused_lease else "stopped without closing it"
+            summary = summary.model_copy(update={"status": "failed", "message": f"run {self.run_id} {what}: {exc}"})
         except BudgetRefused as exc:
             summary = summary.model_copy(update={"status": "refused", "message": f"refused by the accountant: {exc}"})
         except Cancelled:
@@ -385,11 +406,26 @@ class GraphPartyRun:
                     f"at {done}. Once the {exc.peer} is back: vesper train --resume {self.run_id}"
                 )})
                 lost_accountant = exc.peer == "accountant"
+        except OSError as exc:  # A's own disk (journal, checkpoint, run files): fix it, then resume
+            where = f"{exc.strerror or exc}: {exc.filename}" if exc.filename else f"{exc.strerror or exc}"
+            if not run_created:
+                summary = summary.model_copy(update={"status": "failed", "message": (
+                    f"party A cannot write its run files ({where}); nothing was charged. Fix party A's disk "
+                    "(party_a.workdir) and start the run again"
+                )})
+            else:
+                summary = summary.model_copy(update={"status": "interrupted", "message": (
+                    f"party A cannot write its run files ({where}). Run {self.run_id} is interrupted after "
+                    f"{self.steps_done} steps; once party A's disk (party_a.workdir) is fixed: "
+                    f"vesper train --resume {self.run_id}"
+                )})
         except (PeerError, ValueError) as exc:
             summary = summary.model_copy(update={"status": "failed", "message": str(exc)})
         finally:
+            if keeper is not None:
+                keeper.stop()
             status = summary.status
-            if run_created and not lost_accountant:
+            if run_created and not lost_accountant and not lost_lease:
                 try:
                     closed = self.accountant.close_run(self.run_id, status, summary.message)
                     self.epsilon_spent = closed.epsilon_spent
@@ -401,14 +437,17 @@ class GraphPartyRun:
                     })
                 except PeerError as exc:
                     summary = summary.model_copy(update={"message": f"{summary.message}; {exc}"})
-            if b_ready:
+            if b_ready and not lost_lease:
                 self.label_party.finish(self.run_id, status, summary.message)
             summary = self._label_ledger_final(summary)
+            if not run_created and not resuming:  # the accountant never heard of it: no status URL to show
+                summary = summary.model_copy(update={"status_url": ""})
         summary = summary.model_copy(update={
             "epsilon_spent": self.epsilon_spent, "steps": self.steps_done,
             "seconds": round(time.monotonic() - started, 3),
         })
-        self._write_summary(summary)
+        if not refused_lease:  # a refused second trainer leaves the run's files as they were
+            self._write_summary(summary)
         return summary
 
     # -- set-up ------------------------------------------------------------------------------
@@ -869,12 +908,32 @@ class GraphPartyRun:
                 f"the accountant's ledger holds {status.charges} charges of run {self.run_id}, but party A's checkpoint "
                 f"after step {self.checkpoint.position.step} was taken after {needed}: charges were lost; not resuming"
             )
-        if status.status == "interrupted":
-            self.accountant.reopen_run(self.run_id, "resumed by party A")
+        self._take_over(status.status)
         self.epsilon_spent = status.epsilon_spent
         self.report(ProgressEvent("setup", message=(
             f"resuming run {self.run_id}: the ledger holds {status.charges} charges, ε spent {status.epsilon_spent:.4g}"
         ), epsilon_spent=self.epsilon_spent))
+
+    def _take_over(self, status: str) -> None:
+        """Reopen the run under this trainer's lease. A run whose trainer was killed still holds that
+        trainer's lease until it expires (``party_a.lease_s``): wait that long, no longer; a live
+        trainer keeps renewing, and this resume is then refused (LeaseRefused)."""
+        deadline = time.monotonic() + self.settings.lease_s + 1.0
+        waiting = False
+        while True:
+            try:
+                self.accountant.reopen_run(self.run_id, f"resumed by party A ({status})")
+                return
+            except LeaseRefused:
+                if time.monotonic() > deadline:
+                    raise
+                if not waiting:
+                    waiting = True
+                    self.report(ProgressEvent("setup", message=(
+                        f"run {self.run_id} still holds its previous trainer's lease: waiting up to "
+                        f"{self.settings.lease_s:g} s for it to expire"
+                    ), epsilon_spent=self.epsilon_spent))
+                time.sleep(0.5)
 
     def _check_reply(self, reply: lp_pb.TrainStepReply, session_id: str, step: int, shape: tuple[int, ...]) -> torch.Tensor:
         if reply.run_id != session_id or reply.step != step:
@@ -969,4 +1028,9 @@ class GraphPartyRun:
         )
 
     def _write_summary(self, summary: RunSummary) -> None:
-        (self._run_dir() / "summary.json").write_text(summary.model_dump_json(indent=2) + "\n")
+        """The summary beside the run's files; the coordinator gets it on the stream either way,
+        so a disk that fails here costs the local copy, not the run's ending."""
+        try:
+            (self._run_dir() / "summary.json").write_text(summary.model_dump_json(indent=2) + "\n")
+        except OSError as exc:
+            log.warning("run %s: cannot write its summary.json (%s)", self.run_id, exc)

@@ -21,10 +21,10 @@ import grpc
 import torch
 from pydantic import ValidationError
 
-from vesper.common.accountant_client import AccountantClient, BudgetRefused, PeerError
+from vesper.common.accountant_client import AccountantClient, BudgetRefused, PeerError, PeerLost
 from vesper.common.charge_token import TokenError, read_token
 from vesper.common.config import DecoderConfig, LabelPrivacyConfig, OptimizerConfig, PartyBConfig
-from vesper.common.dataset_files import DatasetError, resolve_dataset
+from vesper.common.dataset_files import DatasetNotFound, resolve_dataset
 from vesper.common.grpc_server import start_server, wait_for_signal, write_ready_file
 from vesper.common.torch_threads import apply_torch_threads
 from vesper.common.wire import (
@@ -35,6 +35,7 @@ from vesper.common.wire import (
     node_mask,
     validate_node_ids,
 )
+from vesper.common.writable import SettingError, check_writable_dir, check_writable_file_dir
 from vesper.party_b.label_data import LabelStore, load_labels
 from vesper.party_b.label_guard import LabelGuard, LabelGuardError, secret_generator
 from vesper.party_b.release_record import ReleaseRecord
@@ -68,6 +69,20 @@ class ReceiptLog:
 
 
 @contextmanager
+def _disk_errors(context: grpc.ServicerContext, doing: str) -> Iterator[None]:
+    """B's own disk failing (a full or read-only file system) as an interruption A can resume
+    from once the disk is fixed: UNAVAILABLE with what B could not write, never a raw exception."""
+    try:
+        yield
+    except OSError as exc:
+        context.abort(
+            grpc.StatusCode.UNAVAILABLE,
+            f"party B cannot {doing} ({exc.strerror or exc}: {exc.filename or ''}): the run stops; once party B's "
+            "disk is fixed, resume it (vesper train --resume RUN)",
+        )
+
+
+@contextmanager
 def _label_ledger_errors(context: grpc.ServicerContext, doing: str) -> Iterator[None]:
     """B's label mechanisms' failures as gRPC statuses A can act on."""
     try:
@@ -76,8 +91,10 @@ def _label_ledger_errors(context: grpc.ServicerContext, doing: str) -> Iterator[
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
     except BudgetRefused as exc:
         context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"party B's label ledger refused: {exc}")
-    except PeerError as exc:
+    except PeerLost as exc:  # the accountant is away: a transient fault A may wait out
         context.abort(grpc.StatusCode.UNAVAILABLE, f"party B could not {doing} its label ledger: {exc}")
+    except PeerError as exc:  # the accountant refused: no retry will change it
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"party B could not {doing} its label ledger: {exc}")
 
 
 class LabelPartyService(pb_grpc.LabelPartyServicer):
@@ -137,7 +154,7 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
         key = (path.resolve(), split_seed, label_independent)
         with self._lock:
             if key not in self._stores:
-                self._stores[key] = load_labels(path, split_seed, label_independent)
+                self._stores[key] = load_labels(path, split_seed, label_independent, self.config.max_classes)
             return self._stores[key]
 
     def _label_privacy(self, request: pb.SetupRunRequest, context: grpc.ServicerContext) -> LabelPrivacyConfig:
@@ -217,10 +234,16 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
         try:
             path = resolve_dataset(request.dataset, self.config.datasets)
             store = self._store(path, request.split_seed, label_independent=settings.mode != "none")
-        except DatasetError as exc:
+        except DatasetNotFound as exc:
             context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
-        except ValueError as exc:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except ValueError as exc:  # DatasetError included: the file is there, its contents cannot be used
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"party B cannot use dataset {request.dataset!r}: {exc}")
+        try:  # before anything is charged: a run B cannot record is refused here
+            check_writable_dir(self._run_dir(request.run_id), "party_b.workdir")
+            if self.config.receipt_log is not None:
+                check_writable_file_dir(self.config.receipt_log, "party_b.receipt_log")
+        except SettingError as exc:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"party B cannot record run {request.run_id}: {exc}")
         guard = self._guard(request, settings, store, context)
         session = LabelSession(
             request.run_id, store, decoder, optimizer, request.embedding_dim, request.num_layers,
@@ -269,9 +292,10 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
         session: LabelSession | None = None
         try:
             for request in request_iterator:
-                self.receipts.record(
-                    kind="train", run_id=request.run_id, step=request.step, num_nodes=len(request.node_ids)
-                )
+                with _disk_errors(context, "record the release it received in its receipt log"):
+                    self.receipts.record(
+                        kind="train", run_id=request.run_id, step=request.step, num_nodes=len(request.node_ids)
+                    )
                 if session is None:
                     session = self._session(request.run_id, context)
                     with session.lock:
@@ -305,7 +329,8 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
                 session.record.add_training(ids, embeddings)
             gradient, loss = session.train_step(ids, embeddings)
             if request.checkpoint:
-                session.save_checkpoint(self._run_dir(session.run_id))
+                with _disk_errors(context, f"save its checkpoint after step {request.step}"):
+                    session.save_checkpoint(self._run_dir(session.run_id))
             return pb.TrainStepReply(
                 run_id=session.run_id,
                 step=request.step,
@@ -319,7 +344,8 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
         scores: dict[str, SplitScores] = {}
         seen: dict[str, torch.Tensor] = {}
         for chunk in request_iterator:
-            self.receipts.record(kind="eval", run_id=chunk.run_id, eval_id=chunk.eval_id, num_nodes=len(chunk.node_ids))
+            with _disk_errors(context, "record the release it received in its receipt log"):
+                self.receipts.record(kind="eval", run_id=chunk.run_id, eval_id=chunk.eval_id, num_nodes=len(chunk.node_ids))
             if session is None:
                 session = self._session(chunk.run_id, context)
                 eval_id = chunk.eval_id
@@ -363,7 +389,8 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
         received: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {"train": ([], []), "query": ([], [])}
         seen = None
         for chunk in request_iterator:
-            self.receipts.record(kind="collect", run_id=chunk.run_id, split=chunk.split, num_nodes=len(chunk.node_ids))
+            with _disk_errors(context, "record the release it received in its receipt log"):
+                self.receipts.record(kind="collect", run_id=chunk.run_id, split=chunk.split, num_nodes=len(chunk.node_ids))
             if session is None:
                 session = self._session(chunk.run_id, context)
                 if session.guard.mode != "pate" or session.run_id != session.guard.run_id:
@@ -430,6 +457,9 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
 
 
 def serve(config: PartyBConfig, ready_file: Path | None = None) -> None:
+    check_writable_dir(config.workdir, "party_b.workdir")  # before it serves: SettingError otherwise
+    if config.receipt_log is not None:
+        check_writable_file_dir(config.receipt_log, "party_b.receipt_log")
     threads = apply_torch_threads(config.torch_threads)  # before any tensor work
     name = pb.DESCRIPTOR.services_by_name["LabelParty"].full_name
     server, port = start_server(

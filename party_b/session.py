@@ -13,13 +13,13 @@ import torch.nn.functional as F
 
 from vesper.common.config import DecoderConfig, LabelPrivacyConfig, OptimizerConfig
 from vesper.common.optim import build_optimizer
-from vesper.party_b.seeded_dropout import dropout_states, restore_dropout_states
 from vesper.common.wire import WireDType, node_mask
 from vesper.party_b.decoders import build_decoder
 from vesper.party_b.label_data import LabelStore
 from vesper.party_b.label_guard import LabelGuard
 from vesper.party_b.metrics import compute_metric
 from vesper.party_b.release_record import ReleaseRecord
+from vesper.party_b.seeded_dropout import dropout_states, restore_dropout_states
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)\.pt$")
 

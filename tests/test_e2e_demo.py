@@ -48,6 +48,16 @@ def test_demo_trains_reports_and_shuts_down(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60,
     )
     assert verify.returncode == 0 and "verified" in verify.stdout, verify.stdout + verify.stderr
+    # the file the demo names is the whole ledger after the clean stop: a copy of it alone verifies
+    alone = tmp_path / "copied" / "ledger.sqlite"
+    alone.parent.mkdir()
+    alone.write_bytes((tmp_path / "demo" / "ledger.sqlite").read_bytes())
+    copied = subprocess.run(
+        [sys.executable, "-m", "vesper.coordinator", "ledger", "verify", summary["run_id"], "--ledger", str(alone)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert copied.returncode == 0 and "verified" in copied.stdout, copied.stdout + copied.stderr
+    assert not (alone.parent / "ledger.sqlite-wal").exists()  # auditing wrote nothing beside it
 
 
 # small settings keep each run short; the extractors' own tests cover their defaults

@@ -234,6 +234,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                 reopened = accountant.ReopenRun(acc.ReopenRunRequest(run_id=CLOSED_RUN), metadata=auth["A"], timeout=30)
                 assert reopened.status == "active"
         split = b.SetupRun(_setup_request(TRAIN_RUN), timeout=60)
+        # party A announces a run before B opens its label ledger (accountant/leases.py)
+        accountant.AnnounceRun(acc.LeaseRequest(run_id=PATE_RUN, lease="fuzz-trainer", ttl_s=3600), metadata=auth["A"], timeout=30)
         pate = b.SetupRun(_setup_request(PATE_RUN, label_privacy_json=PATE_SETTINGS), timeout=60)
         b.SetupRun(_setup_request(FINISHED_RUN), timeout=60)
         b.FinishRun(lp.FinishRunRequest(run_id=FINISHED_RUN, status="completed"), timeout=60)
@@ -815,7 +817,7 @@ def calibrate_requests(draw: st.DrawFn) -> tuple[acc.CalibrateRequest, list[Expe
                 acc.PlanRule(kind="train", sampling_probability=NAN), acc.PlanRule(kind="train", noise_scale=NAN),
             ]))
             request.plan.rules[0].CopyFrom(rule)
-            expects.append(Expect(INVALID, "validation error|no rule for"))
+            expects.append(Expect(INVALID, "in the request: |no rule for"))
         elif fault == "two rules":
             request.plan.rules.append(acc.PlanRule(kind="train"))
             expects.append(Expect(INVALID, "one rule per kind"))
@@ -863,7 +865,7 @@ def estimate_requests(draw: st.DrawFn) -> tuple[acc.EstimateRequest, list[Expect
         elif fault == "rule kind":
             request.rules.append(acc.ChargeRule(kind=draw(st.text(max_size=10).filter(
                 lambda k: k not in ("train", "eval", "one-shot", "pre-train"))), release_event_json=EVENT))
-            expects.append(Expect(INVALID, "validation error"))
+            expects.append(Expect(INVALID, "in the request: "))
         elif fault == "pass without rule":
             request.passes.append(acc.PlannedPass(kind="one-shot", releases=draw(st.integers(1, 2**64 - 1))))
             expects.append(Expect(INVALID, "no rule for one-shot"))
@@ -953,7 +955,7 @@ def create_requests(draw: st.DrawFn, world: World) -> tuple[acc.CreateRunRequest
             expects.append(Expect(INVALID, "details_json is not JSON"))
         else:
             request.details_json = json.dumps(draw(st.one_of(st.integers(), st.lists(st.integers(), max_size=3), st.text(max_size=8))))
-            expects.append(Expect(INVALID, "validation error for RunRecord"))
+            expects.append(Expect(INVALID, "invalid RunRecord in the request: "))
     return request, metadata, expects
 
 

@@ -299,6 +299,9 @@ def _one_shot(event: dpa.DpEvent, bound: int | None = None, kind: str = "one-sho
 
 
 def _create_label_run(service: Accountant, event: dpa.DpEvent, budget: float, run_id: str = "r1.labels", **kw):
+    base = run_id.removesuffix(".labels")
+    if base != run_id and service.store.get_run(base) is None and not service.leases.announced(base):
+        service.announce_run(base, "party-a-trainer", 60.0)  # B opens the label ledger of a run A announced
     return service.create_run(
         run_id, kw.pop("unit", "label"), kw.pop("accounting", "labels"), kw.pop("accountant", "pld"), budget, DELTA,
         kw.pop("rules", None) or _one_shot(event), "labels-rr", {},

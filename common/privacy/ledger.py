@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from vesper.common.privacy.accounting import epsilon_of
 from vesper.common.privacy.events import EventError, check_mixture, event_from_json
 from vesper.common.privacy.theorem21 import hidden_batch_bound6_epsilon
+from vesper.common.versioning import Report
 
 # interrupted: a peer vanished mid-run; party A may reopen it and resume from its checkpoint
 RunState = Literal["active", "interrupted", "completed", "failed", "refused", "cancelled"]
@@ -63,6 +64,9 @@ def main_run_id(run_id: str) -> str:
 
 class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+
+
+# what the accountant reports (REST, the ledger file) is read by other versions: common.versioning
 
 
 ASSUMPTIONS: dict[str, str] = {
@@ -176,7 +180,7 @@ class PlannedPass(_Record):
     releases: int = Field(ge=0)
 
 
-class RunRecord(_Record):
+class RunRecord(Report):
     """A run as the accountant created it; the mode, rules and budget never change."""
 
     run_id: str
@@ -198,7 +202,7 @@ class RunRecord(_Record):
         return next((r for r in self.rules if r.kind == kind), None)
 
 
-class LedgerRow(_Record):
+class LedgerRow(Report):
     """One charge, committed before the release it pays for is sent."""
 
     run_id: str
@@ -475,7 +479,7 @@ class CurvePoint(_Record):
     epsilon: float = Field(description="ε after that charge")
 
 
-class RunStatusView(_Record):
+class RunStatusView(Report):
     """A run's budget as the accountant reports it (REST ``GET /v1/runs/{id}``)."""
 
     run_id: str
@@ -503,7 +507,7 @@ class RunStatusView(_Record):
     )
 
 
-class LedgerView(_Record):
+class LedgerView(Report):
     """Everything needed to recompute a run's ε (REST ``GET /v1/runs/{id}/ledger``)."""
 
     run: RunRecord

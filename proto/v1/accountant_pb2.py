@@ -24,43 +24,47 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n vesper/proto/v1/accountant.proto\x12\tvesper.v1\"-\n\x0bPlannedPass\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x10\n\x08releases\x18\x02 \x01(\x04\"\xd8\x01\n\x08PlanRule\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12 \n\x13participation_bound\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x1c\n\x14sampling_probability\x18\x03 \x01(\x01\x12\x13\n\x0bnoise_scale\x18\x04 \x01(\x01\x12\x11\n\tmechanism\x18\x05 \x01(\t\x12\x15\n\rsensitivities\x18\x06 \x03(\x01\x12\x16\n\x0esampling_probs\x18\x07 \x03(\x01\x12\x0f\n\x07repeats\x18\x08 \x01(\rB\x16\n\x14_participation_bound\"Y\n\x0bReleasePlan\x12&\n\x06passes\x18\x01 \x03(\x0b\x32\x16.vesper.v1.PlannedPass\x12\"\n\x05rules\x18\x02 \x03(\x0b\x32\x13.vesper.v1.PlanRule\"p\n\nChargeRule\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x1a\n\x12release_event_json\x18\x02 \x01(\t\x12 \n\x13participation_bound\x18\x03 \x01(\x04H\x00\x88\x01\x01\x42\x16\n\x14_participation_bound\"\x9a\x01\n\x10\x43\x61librateRequest\x12\x11\n\tmechanism\x18\x01 \x01(\t\x12$\n\x04plan\x18\x02 \x01(\x0b\x32\x16.vesper.v1.ReleasePlan\x12\x16\n\x0etarget_epsilon\x18\x03 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x04 \x01(\x01\x12\x12\n\naccounting\x18\x05 \x01(\t\x12\x12\n\naccountant\x18\x06 \x01(\t\"\x8f\x01\n\x0e\x43\x61librateReply\x12\x18\n\x10noise_multiplier\x18\x01 \x01(\x01\x12\x0f\n\x07\x65psilon\x18\x02 \x01(\x01\x12\x12\n\naccountant\x18\x03 \x01(\t\x12$\n\x05rules\x18\x04 \x03(\x0b\x32\x15.vesper.v1.ChargeRule\x12\x18\n\x10\x63ounted_releases\x18\x05 \x01(\x04\"\x96\x01\n\x0f\x45stimateRequest\x12$\n\x05rules\x18\x01 \x03(\x0b\x32\x15.vesper.v1.ChargeRule\x12&\n\x06passes\x18\x02 \x03(\x0b\x32\x16.vesper.v1.PlannedPass\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\x01\x12\x12\n\naccounting\x18\x04 \x01(\t\x12\x12\n\naccountant\x18\x05 \x01(\t\"N\n\rEstimateReply\x12\x0f\n\x07\x65psilon\x18\x01 \x01(\x01\x12\x12\n\naccountant\x18\x02 \x01(\t\x12\x18\n\x10\x63ounted_releases\x18\x03 \x01(\x04\"\xef\x01\n\x10\x43reateRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x14\n\x0cprivacy_unit\x18\x02 \x01(\t\x12\x12\n\naccounting\x18\x03 \x01(\t\x12\x16\n\x0e\x65psilon_budget\x18\x04 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x05 \x01(\x01\x12\x12\n\naccountant\x18\x06 \x01(\t\x12$\n\x05rules\x18\x07 \x03(\x0b\x32\x15.vesper.v1.ChargeRule\x12\x11\n\textractor\x18\x08 \x01(\t\x12\x14\n\x0c\x64\x65tails_json\x18\t \x01(\t\x12\x17\n\x0f\x61ssumption_note\x18\n \x01(\t\"\x9e\x01\n\rChargeRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07pass_id\x18\x03 \x01(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x11\n\tnum_nodes\x18\x05 \x01(\x04\x12\x1a\n\x12release_event_json\x18\x06 \x01(\t\x12\x13\n\x0brelease_key\x18\x07 \x01(\t\x12\x14\n\x0cnodes_digest\x18\x08 \x01(\tJ\x04\x08\x02\x10\x03\"~\n\rChargeReceipt\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0f\n\x07\x63ounted\x18\x03 \x01(\x08\x12\x15\n\repsilon_spent\x18\x04 \x01(\x01\x12\x16\n\x0e\x65psilon_budget\x18\x05 \x01(\x01\x12\x10\n\x08replayed\x18\x06 \x01(\x08\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"A\n\x0f\x43loseRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"2\n\x10ReopenRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xaf\x02\n\tRunStatus\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x16\n\x0e\x65psilon_budget\x18\x03 \x01(\x01\x12\x15\n\repsilon_spent\x18\x04 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x05 \x01(\x01\x12\x12\n\naccounting\x18\x06 \x01(\t\x12\x12\n\nassumption\x18\x07 \x01(\t\x12\x0f\n\x07\x63harges\x18\x08 \x01(\x04\x12\x17\n\x0f\x63ounted_charges\x18\t \x01(\x04\x12\x12\n\naccountant\x18\n \x01(\t\x12\x1b\n\x0e\x65psilon_events\x18\x0b \x01(\x01H\x00\x88\x01\x01\x12\x1b\n\x0e\x65psilon_bound6\x18\x0c \x01(\x01H\x01\x88\x01\x01\x42\x11\n\x0f_epsilon_eventsB\x11\n\x0f_epsilon_bound62\xc9\x03\n\nAccountant\x12\x43\n\tCalibrate\x12\x1b.vesper.v1.CalibrateRequest\x1a\x19.vesper.v1.CalibrateReply\x12@\n\x08\x45stimate\x12\x1a.vesper.v1.EstimateRequest\x1a\x18.vesper.v1.EstimateReply\x12>\n\tCreateRun\x12\x1b.vesper.v1.CreateRunRequest\x1a\x14.vesper.v1.RunStatus\x12<\n\x06\x43harge\x12\x18.vesper.v1.ChargeRequest\x1a\x18.vesper.v1.ChargeReceipt\x12\x38\n\x06GetRun\x12\x18.vesper.v1.GetRunRequest\x1a\x14.vesper.v1.RunStatus\x12<\n\x08\x43loseRun\x12\x1a.vesper.v1.CloseRunRequest\x1a\x14.vesper.v1.RunStatus\x12>\n\tReopenRun\x12\x1b.vesper.v1.ReopenRunRequest\x1a\x14.vesper.v1.RunStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n vesper/proto/v1/accountant.proto\x12\tvesper.v1\"<\n\x0cLeaseRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05lease\x18\x02 \x01(\t\x12\r\n\x05ttl_s\x18\x03 \x01(\x01\"2\n\nLeaseReply\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x14\n\x0c\x65xpires_in_s\x18\x02 \x01(\x01\"-\n\x0bPlannedPass\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x10\n\x08releases\x18\x02 \x01(\x04\"\xd8\x01\n\x08PlanRule\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12 \n\x13participation_bound\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x1c\n\x14sampling_probability\x18\x03 \x01(\x01\x12\x13\n\x0bnoise_scale\x18\x04 \x01(\x01\x12\x11\n\tmechanism\x18\x05 \x01(\t\x12\x15\n\rsensitivities\x18\x06 \x03(\x01\x12\x16\n\x0esampling_probs\x18\x07 \x03(\x01\x12\x0f\n\x07repeats\x18\x08 \x01(\rB\x16\n\x14_participation_bound\"Y\n\x0bReleasePlan\x12&\n\x06passes\x18\x01 \x03(\x0b\x32\x16.vesper.v1.PlannedPass\x12\"\n\x05rules\x18\x02 \x03(\x0b\x32\x13.vesper.v1.PlanRule\"p\n\nChargeRule\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x1a\n\x12release_event_json\x18\x02 \x01(\t\x12 \n\x13participation_bound\x18\x03 \x01(\x04H\x00\x88\x01\x01\x42\x16\n\x14_participation_bound\"\x9a\x01\n\x10\x43\x61librateRequest\x12\x11\n\tmechanism\x18\x01 \x01(\t\x12$\n\x04plan\x18\x02 \x01(\x0b\x32\x16.vesper.v1.ReleasePlan\x12\x16\n\x0etarget_epsilon\x18\x03 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x04 \x01(\x01\x12\x12\n\naccounting\x18\x05 \x01(\t\x12\x12\n\naccountant\x18\x06 \x01(\t\"\x8f\x01\n\x0e\x43\x61librateReply\x12\x18\n\x10noise_multiplier\x18\x01 \x01(\x01\x12\x0f\n\x07\x65psilon\x18\x02 \x01(\x01\x12\x12\n\naccountant\x18\x03 \x01(\t\x12$\n\x05rules\x18\x04 \x03(\x0b\x32\x15.vesper.v1.ChargeRule\x12\x18\n\x10\x63ounted_releases\x18\x05 \x01(\x04\"\x96\x01\n\x0f\x45stimateRequest\x12$\n\x05rules\x18\x01 \x03(\x0b\x32\x15.vesper.v1.ChargeRule\x12&\n\x06passes\x18\x02 \x03(\x0b\x32\x16.vesper.v1.PlannedPass\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\x01\x12\x12\n\naccounting\x18\x04 \x01(\t\x12\x12\n\naccountant\x18\x05 \x01(\t\"N\n\rEstimateReply\x12\x0f\n\x07\x65psilon\x18\x01 \x01(\x01\x12\x12\n\naccountant\x18\x02 \x01(\t\x12\x18\n\x10\x63ounted_releases\x18\x03 \x01(\x04\"\x93\x02\n\x10\x43reateRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x14\n\x0cprivacy_unit\x18\x02 \x01(\t\x12\x12\n\naccounting\x18\x03 \x01(\t\x12\x16\n\x0e\x65psilon_budget\x18\x04 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x05 \x01(\x01\x12\x12\n\naccountant\x18\x06 \x01(\t\x12$\n\x05rules\x18\x07 \x03(\x0b\x32\x15.vesper.v1.ChargeRule\x12\x11\n\textractor\x18\x08 \x01(\t\x12\x14\n\x0c\x64\x65tails_json\x18\t \x01(\t\x12\x17\n\x0f\x61ssumption_note\x18\n \x01(\t\x12\r\n\x05lease\x18\x0b \x01(\t\x12\x13\n\x0blease_ttl_s\x18\x0c \x01(\x01\"\xad\x01\n\rChargeRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07pass_id\x18\x03 \x01(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x11\n\tnum_nodes\x18\x05 \x01(\x04\x12\x1a\n\x12release_event_json\x18\x06 \x01(\t\x12\x13\n\x0brelease_key\x18\x07 \x01(\t\x12\x14\n\x0cnodes_digest\x18\x08 \x01(\t\x12\r\n\x05lease\x18\t \x01(\tJ\x04\x08\x02\x10\x03\"~\n\rChargeReceipt\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0f\n\x07\x63ounted\x18\x03 \x01(\x08\x12\x15\n\repsilon_spent\x18\x04 \x01(\x01\x12\x16\n\x0e\x65psilon_budget\x18\x05 \x01(\x01\x12\x10\n\x08replayed\x18\x06 \x01(\x08\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"P\n\x0f\x43loseRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\r\n\x05lease\x18\x04 \x01(\t\"V\n\x10ReopenRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05lease\x18\x03 \x01(\t\x12\x13\n\x0blease_ttl_s\x18\x04 \x01(\x01\"\xaf\x02\n\tRunStatus\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x16\n\x0e\x65psilon_budget\x18\x03 \x01(\x01\x12\x15\n\repsilon_spent\x18\x04 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x05 \x01(\x01\x12\x12\n\naccounting\x18\x06 \x01(\t\x12\x12\n\nassumption\x18\x07 \x01(\t\x12\x0f\n\x07\x63harges\x18\x08 \x01(\x04\x12\x17\n\x0f\x63ounted_charges\x18\t \x01(\x04\x12\x12\n\naccountant\x18\n \x01(\t\x12\x1b\n\x0e\x65psilon_events\x18\x0b \x01(\x01H\x00\x88\x01\x01\x12\x1b\n\x0e\x65psilon_bound6\x18\x0c \x01(\x01H\x01\x88\x01\x01\x42\x11\n\x0f_epsilon_eventsB\x11\n\x0f_epsilon_bound62\xc6\x04\n\nAccountant\x12\x43\n\tCalibrate\x12\x1b.vesper.v1.CalibrateRequest\x1a\x19.vesper.v1.CalibrateReply\x12@\n\x08\x45stimate\x12\x1a.vesper.v1.EstimateRequest\x1a\x18.vesper.v1.EstimateReply\x12>\n\tCreateRun\x12\x1b.vesper.v1.CreateRunRequest\x1a\x14.vesper.v1.RunStatus\x12<\n\x06\x43harge\x12\x18.vesper.v1.ChargeRequest\x1a\x18.vesper.v1.ChargeReceipt\x12\x38\n\x06GetRun\x12\x18.vesper.v1.GetRunRequest\x1a\x14.vesper.v1.RunStatus\x12<\n\x08\x43loseRun\x12\x1a.vesper.v1.CloseRunRequest\x1a\x14.vesper.v1.RunStatus\x12>\n\tReopenRun\x12\x1b.vesper.v1.ReopenRunRequest\x1a\x14.vesper.v1.RunStatus\x12=\n\x0b\x41nnounceRun\x12\x17.vesper.v1.LeaseRequest\x1a\x15.vesper.v1.LeaseReply\x12<\n\nRenewLease\x12\x17.vesper.v1.LeaseRequest\x1a\x15.vesper.v1.LeaseReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'vesper.proto.v1.accountant_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PLANNEDPASS']._serialized_start=47
-  _globals['_PLANNEDPASS']._serialized_end=92
-  _globals['_PLANRULE']._serialized_start=95
-  _globals['_PLANRULE']._serialized_end=311
-  _globals['_RELEASEPLAN']._serialized_start=313
-  _globals['_RELEASEPLAN']._serialized_end=402
-  _globals['_CHARGERULE']._serialized_start=404
-  _globals['_CHARGERULE']._serialized_end=516
-  _globals['_CALIBRATEREQUEST']._serialized_start=519
-  _globals['_CALIBRATEREQUEST']._serialized_end=673
-  _globals['_CALIBRATEREPLY']._serialized_start=676
-  _globals['_CALIBRATEREPLY']._serialized_end=819
-  _globals['_ESTIMATEREQUEST']._serialized_start=822
-  _globals['_ESTIMATEREQUEST']._serialized_end=972
-  _globals['_ESTIMATEREPLY']._serialized_start=974
-  _globals['_ESTIMATEREPLY']._serialized_end=1052
-  _globals['_CREATERUNREQUEST']._serialized_start=1055
-  _globals['_CREATERUNREQUEST']._serialized_end=1294
-  _globals['_CHARGEREQUEST']._serialized_start=1297
-  _globals['_CHARGEREQUEST']._serialized_end=1455
-  _globals['_CHARGERECEIPT']._serialized_start=1457
-  _globals['_CHARGERECEIPT']._serialized_end=1583
-  _globals['_GETRUNREQUEST']._serialized_start=1585
-  _globals['_GETRUNREQUEST']._serialized_end=1616
-  _globals['_CLOSERUNREQUEST']._serialized_start=1618
-  _globals['_CLOSERUNREQUEST']._serialized_end=1683
-  _globals['_REOPENRUNREQUEST']._serialized_start=1685
-  _globals['_REOPENRUNREQUEST']._serialized_end=1735
-  _globals['_RUNSTATUS']._serialized_start=1738
-  _globals['_RUNSTATUS']._serialized_end=2041
-  _globals['_ACCOUNTANT']._serialized_start=2044
-  _globals['_ACCOUNTANT']._serialized_end=2501
+  _globals['_LEASEREQUEST']._serialized_start=47
+  _globals['_LEASEREQUEST']._serialized_end=107
+  _globals['_LEASEREPLY']._serialized_start=109
+  _globals['_LEASEREPLY']._serialized_end=159
+  _globals['_PLANNEDPASS']._serialized_start=161
+  _globals['_PLANNEDPASS']._serialized_end=206
+  _globals['_PLANRULE']._serialized_start=209
+  _globals['_PLANRULE']._serialized_end=425
+  _globals['_RELEASEPLAN']._serialized_start=427
+  _globals['_RELEASEPLAN']._serialized_end=516
+  _globals['_CHARGERULE']._serialized_start=518
+  _globals['_CHARGERULE']._serialized_end=630
+  _globals['_CALIBRATEREQUEST']._serialized_start=633
+  _globals['_CALIBRATEREQUEST']._serialized_end=787
+  _globals['_CALIBRATEREPLY']._serialized_start=790
+  _globals['_CALIBRATEREPLY']._serialized_end=933
+  _globals['_ESTIMATEREQUEST']._serialized_start=936
+  _globals['_ESTIMATEREQUEST']._serialized_end=1086
+  _globals['_ESTIMATEREPLY']._serialized_start=1088
+  _globals['_ESTIMATEREPLY']._serialized_end=1166
+  _globals['_CREATERUNREQUEST']._serialized_start=1169
+  _globals['_CREATERUNREQUEST']._serialized_end=1444
+  _globals['_CHARGEREQUEST']._serialized_start=1447
+  _globals['_CHARGEREQUEST']._serialized_end=1620
+  _globals['_CHARGERECEIPT']._serialized_start=1622
+  _globals['_CHARGERECEIPT']._serialized_end=1748
+  _globals['_GETRUNREQUEST']._serialized_start=1750
+  _globals['_GETRUNREQUEST']._serialized_end=1781
+  _globals['_CLOSERUNREQUEST']._serialized_start=1783
+  _globals['_CLOSERUNREQUEST']._serialized_end=1863
+  _globals['_REOPENRUNREQUEST']._serialized_start=1865
+  _globals['_REOPENRUNREQUEST']._serialized_end=1951
+  _globals['_RUNSTATUS']._serialized_start=1954
+  _globals['_RUNSTATUS']._serialized_end=2257
+  _globals['_ACCOUNTANT']._serialized_start=2260
+  _globals['_ACCOUNTANT']._serialized_end=2842
 # @@protoc_insertion_point(module_scope)

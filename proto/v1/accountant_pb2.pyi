@@ -6,6 +6,24 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class LeaseRequest(_message.Message):
+    __slots__ = ("run_id", "lease", "ttl_s")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    lease: str
+    ttl_s: float
+    def __init__(self, run_id: _Optional[str] = ..., lease: _Optional[str] = ..., ttl_s: _Optional[float] = ...) -> None: ...
+
+class LeaseReply(_message.Message):
+    __slots__ = ("run_id", "expires_in_s")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    expires_in_s: float
+    def __init__(self, run_id: _Optional[str] = ..., expires_in_s: _Optional[float] = ...) -> None: ...
+
 class PlannedPass(_message.Message):
     __slots__ = ("kind", "releases")
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -107,7 +125,7 @@ class EstimateReply(_message.Message):
     def __init__(self, epsilon: _Optional[float] = ..., accountant: _Optional[str] = ..., counted_releases: _Optional[int] = ...) -> None: ...
 
 class CreateRunRequest(_message.Message):
-    __slots__ = ("run_id", "privacy_unit", "accounting", "epsilon_budget", "delta", "accountant", "rules", "extractor", "details_json", "assumption_note")
+    __slots__ = ("run_id", "privacy_unit", "accounting", "epsilon_budget", "delta", "accountant", "rules", "extractor", "details_json", "assumption_note", "lease", "lease_ttl_s")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     PRIVACY_UNIT_FIELD_NUMBER: _ClassVar[int]
     ACCOUNTING_FIELD_NUMBER: _ClassVar[int]
@@ -118,6 +136,8 @@ class CreateRunRequest(_message.Message):
     EXTRACTOR_FIELD_NUMBER: _ClassVar[int]
     DETAILS_JSON_FIELD_NUMBER: _ClassVar[int]
     ASSUMPTION_NOTE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     privacy_unit: str
     accounting: str
@@ -128,10 +148,12 @@ class CreateRunRequest(_message.Message):
     extractor: str
     details_json: str
     assumption_note: str
-    def __init__(self, run_id: _Optional[str] = ..., privacy_unit: _Optional[str] = ..., accounting: _Optional[str] = ..., epsilon_budget: _Optional[float] = ..., delta: _Optional[float] = ..., accountant: _Optional[str] = ..., rules: _Optional[_Iterable[_Union[ChargeRule, _Mapping]]] = ..., extractor: _Optional[str] = ..., details_json: _Optional[str] = ..., assumption_note: _Optional[str] = ...) -> None: ...
+    lease: str
+    lease_ttl_s: float
+    def __init__(self, run_id: _Optional[str] = ..., privacy_unit: _Optional[str] = ..., accounting: _Optional[str] = ..., epsilon_budget: _Optional[float] = ..., delta: _Optional[float] = ..., accountant: _Optional[str] = ..., rules: _Optional[_Iterable[_Union[ChargeRule, _Mapping]]] = ..., extractor: _Optional[str] = ..., details_json: _Optional[str] = ..., assumption_note: _Optional[str] = ..., lease: _Optional[str] = ..., lease_ttl_s: _Optional[float] = ...) -> None: ...
 
 class ChargeRequest(_message.Message):
-    __slots__ = ("run_id", "pass_id", "kind", "num_nodes", "release_event_json", "release_key", "nodes_digest")
+    __slots__ = ("run_id", "pass_id", "kind", "num_nodes", "release_event_json", "release_key", "nodes_digest", "lease")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     PASS_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +161,7 @@ class ChargeRequest(_message.Message):
     RELEASE_EVENT_JSON_FIELD_NUMBER: _ClassVar[int]
     RELEASE_KEY_FIELD_NUMBER: _ClassVar[int]
     NODES_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     pass_id: str
     kind: str
@@ -146,7 +169,8 @@ class ChargeRequest(_message.Message):
     release_event_json: str
     release_key: str
     nodes_digest: str
-    def __init__(self, run_id: _Optional[str] = ..., pass_id: _Optional[str] = ..., kind: _Optional[str] = ..., num_nodes: _Optional[int] = ..., release_event_json: _Optional[str] = ..., release_key: _Optional[str] = ..., nodes_digest: _Optional[str] = ...) -> None: ...
+    lease: str
+    def __init__(self, run_id: _Optional[str] = ..., pass_id: _Optional[str] = ..., kind: _Optional[str] = ..., num_nodes: _Optional[int] = ..., release_event_json: _Optional[str] = ..., release_key: _Optional[str] = ..., nodes_digest: _Optional[str] = ..., lease: _Optional[str] = ...) -> None: ...
 
 class ChargeReceipt(_message.Message):
     __slots__ = ("run_id", "seq", "counted", "epsilon_spent", "epsilon_budget", "replayed")
@@ -171,22 +195,28 @@ class GetRunRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ...) -> None: ...
 
 class CloseRunRequest(_message.Message):
-    __slots__ = ("run_id", "status", "reason")
+    __slots__ = ("run_id", "status", "reason", "lease")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     status: str
     reason: str
-    def __init__(self, run_id: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    lease: str
+    def __init__(self, run_id: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., lease: _Optional[str] = ...) -> None: ...
 
 class ReopenRunRequest(_message.Message):
-    __slots__ = ("run_id", "reason")
+    __slots__ = ("run_id", "reason", "lease", "lease_ttl_s")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     reason: str
-    def __init__(self, run_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    lease: str
+    lease_ttl_s: float
+    def __init__(self, run_id: _Optional[str] = ..., reason: _Optional[str] = ..., lease: _Optional[str] = ..., lease_ttl_s: _Optional[float] = ...) -> None: ...
 
 class RunStatus(_message.Message):
     __slots__ = ("run_id", "status", "epsilon_budget", "epsilon_spent", "delta", "accounting", "assumption", "charges", "counted_charges", "accountant", "epsilon_events", "epsilon_bound6")

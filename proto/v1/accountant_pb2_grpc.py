@@ -69,6 +69,16 @@ class AccountantStub:
                 request_serializer=vesper_dot_proto_dot_v1_dot_accountant__pb2.ReopenRunRequest.SerializeToString,
                 response_deserializer=vesper_dot_proto_dot_v1_dot_accountant__pb2.RunStatus.FromString,
                 _registered_method=True)
+        self.AnnounceRun = channel.unary_unary(
+                '/vesper.v1.Accountant/AnnounceRun',
+                request_serializer=vesper_dot_proto_dot_v1_dot_accountant__pb2.LeaseRequest.SerializeToString,
+                response_deserializer=vesper_dot_proto_dot_v1_dot_accountant__pb2.LeaseReply.FromString,
+                _registered_method=True)
+        self.RenewLease = channel.unary_unary(
+                '/vesper.v1.Accountant/RenewLease',
+                request_serializer=vesper_dot_proto_dot_v1_dot_accountant__pb2.LeaseRequest.SerializeToString,
+                response_deserializer=vesper_dot_proto_dot_v1_dot_accountant__pb2.LeaseReply.FromString,
+                _registered_method=True)
 
 
 class AccountantServicer:
@@ -122,6 +132,22 @@ class AccountantServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AnnounceRun(self, request, context):
+        """A run has one trainer: party A announces a new run's id with the lease of its trainer
+        before it sets the run up with party B (B may open "<run id>.labels" only for an
+        announced or existing run), and renews the lease while the trainer lives. Creating,
+        reopening, charging and closing with another live lease is refused (ABORTED).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RenewLease(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AccountantServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -159,6 +185,16 @@ def add_AccountantServicer_to_server(servicer, server):
                     servicer.ReopenRun,
                     request_deserializer=vesper_dot_proto_dot_v1_dot_accountant__pb2.ReopenRunRequest.FromString,
                     response_serializer=vesper_dot_proto_dot_v1_dot_accountant__pb2.RunStatus.SerializeToString,
+            ),
+            'AnnounceRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.AnnounceRun,
+                    request_deserializer=vesper_dot_proto_dot_v1_dot_accountant__pb2.LeaseRequest.FromString,
+                    response_serializer=vesper_dot_proto_dot_v1_dot_accountant__pb2.LeaseReply.SerializeToString,
+            ),
+            'RenewLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewLease,
+                    request_deserializer=vesper_dot_proto_dot_v1_dot_accountant__pb2.LeaseRequest.FromString,
+                    response_serializer=vesper_dot_proto_dot_v1_dot_accountant__pb2.LeaseReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -350,6 +386,60 @@ class Accountant:
             '/vesper.v1.Accountant/ReopenRun',
             vesper_dot_proto_dot_v1_dot_accountant__pb2.ReopenRunRequest.SerializeToString,
             vesper_dot_proto_dot_v1_dot_accountant__pb2.RunStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AnnounceRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vesper.v1.Accountant/AnnounceRun',
+            vesper_dot_proto_dot_v1_dot_accountant__pb2.LeaseRequest.SerializeToString,
+            vesper_dot_proto_dot_v1_dot_accountant__pb2.LeaseReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vesper.v1.Accountant/RenewLease',
+            vesper_dot_proto_dot_v1_dot_accountant__pb2.LeaseRequest.SerializeToString,
+            vesper_dot_proto_dot_v1_dot_accountant__pb2.LeaseReply.FromString,
             options,
             channel_credentials,
             insecure,
