@@ -11,6 +11,7 @@ import pytest
 import torch
 from e2e import ledger, vesper
 
+from vesper.common.accountant_client import AccountantClient
 from vesper.common.charge_token import read_token
 from vesper.common.dataset_files import resolve_dataset
 from vesper.common.privacy.accounting import epsilon_of
@@ -179,6 +180,11 @@ def test_party_b_refuses_bad_label_privacy_and_bad_collections(cluster, b, split
     # a run without pate has nothing to collect
     error = _collect_error(b, _chunk("bad-input", "train", split.train_ids[:2]))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and "does not use label_privacy.mode=pate" in error.details()
+    # party A announces a run before party B may open its label ledger (docs/faults.md, section 6)
+    announcer = AccountantClient(cluster.accountant_address, read_token(cluster.charge_token_file))
+    announcer.hold("a-trainer", 3600.0)
+    announcer.announce_run("pate-bad")
+    announcer.close()
     pate = b.SetupRun(lp.SetupRunRequest(
         run_id="pate-bad", label_privacy_json='{"mode": "pate", "epsilon": 2, "pate": {"teachers": 10, "queries": 20}}',
         **good,
