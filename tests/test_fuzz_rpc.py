@@ -920,6 +920,8 @@ def create_requests(draw: st.DrawFn, world: World) -> tuple[acc.CreateRunRequest
         if fault == "run id taken":
             request.run_id = draw(st.sampled_from(sorted(world.accountant_runs)))
             expects.append(Expect(EXISTS, "already exists"))
+            if request.run_id.endswith(".labels"):  # B's label ledgers: only B opens those ids
+                expects.append(Expect(INVALID, "names party B's label ledgers"))
         elif fault == "run id length":
             request.run_id = draw(st.sampled_from(["", "r" * 129, "x" * 200]))
             expects.append(Expect(INVALID, r"run id.* 1 to 128"))
