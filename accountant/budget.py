@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import get_args
 
 import dp_accounting as dpa
 
@@ -34,6 +35,7 @@ from vesper.accountant.leases import LeaseHeld, Leases
 from vesper.accountant.ledger_store import LedgerStore
 from vesper.common.privacy.accounting import calibrate
 from vesper.common.privacy.events import EventError, event_from_json, event_to_json
+from vesper.common.privacy.hidden_batch_reproduction import calibrate_bound6
 from vesper.common.privacy.ledger import (
     ASSUMPTIONS,
     KINDS,
@@ -60,9 +62,9 @@ from vesper.common.privacy.ledger import (
     samples_training_steps,
     spent,
 )
-from vesper.common.privacy.theorem21 import calibrate_bound6
+from vesper.common.privacy.names import AccountantName
 
-ACCOUNTANTS = ("pld", "rdp")
+ACCOUNTANTS = get_args(AccountantName)
 # room for party B's label ledger of a 64-character run id (``<run id>.labels``)
 MAX_RUN_ID = 128
 RUN_ID = re.compile(rf"[A-Za-z0-9_-][A-Za-z0-9_.-]{{0,{MAX_RUN_ID - 1}}}")
@@ -485,7 +487,7 @@ class Accountant:
 
 
 def _calibrate_bound6(plan_rules: list[PlanRule], counted: dict[str, int], target: float, delta: float) -> float:
-    """z at which bound (6) meets the target: sampled train steps plus the unsampled sweep.
+    """z at which [VESPER, bound (6)] meets the target: sampled train steps plus the unsampled sweep.
 
     The sweep's releases at noise multiplier s·z add precision n/(s z)², i.e. n/s²
     releases at z (ledger.bound6_epsilon charges the same).

@@ -25,7 +25,7 @@ from vesper.proto.v1 import accountant_pb2_grpc as acc_grpc
 if TYPE_CHECKING:
     from vesper.common.privacy.ledger import ChargeRule, PlannedPass, PlanRule
 
-# The privacy modules (dp-accounting, scipy: ~2 s to import) are imported by the calls that
+# The privacy modules (dp-accounting, scipy: slow to import, docs/performance-notes.md) are imported by the calls that
 # send rules, so that party B, which only charges when it protects its labels, starts fast.
 
 

@@ -14,11 +14,11 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from vesper.common.privacy.names import AccountantName
 from vesper.common.versioning import Report
 
 DecoderName = Literal["concat", "gru"]
 AccountingMode = Literal["visible-batch", "hidden-batch"]
-AccountantName = Literal["pld", "rdp"]
 WireDTypeName = Literal["float32", "bfloat16"]
 
 
@@ -300,7 +300,8 @@ class RunConfig(_Model):
 
 
 # services sharing a few cores each with torch's default (one thread per core) spin against
-# each other: an epoch on a 1M-node graph took 777 s so on 2 cores, 54 s with 1 thread each
+# each other: an epoch on a 1M-node graph was many times slower so on 2 cores than with 1 thread
+# each (docs/performance-notes.md)
 TORCH_THREADS = (
     "torch intra-op threads of this service, set when it starts (`vesper serve`); unset = torch's "
     "default, one per core. Set it when services share cores"

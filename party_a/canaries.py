@@ -1,13 +1,13 @@
 """Canary edges for the one-run audit (docs/audit-canaries.md), party A's side.
 
-Steinke, Nasr and Jagielski (2023), Algorithm 1, with edges as the examples: A draws m
+Steinke, Nasr and Jagielski (2023) [SNJ23, Alg. 1], with edges as the examples: A draws m
 candidate pairs of unlinked nodes x₁, …, x_m from a public seed, flips a secret fair coin
 S_i ∈ {−1, +1} for each, and inserts the pairs with S_i = +1 into its graph before the run
 reads it. The run is then charged exactly as any run on that graph: a canary is an edge like
 any other. After the run, the canaries are scored (B's own similarity score,
-party_b.edge_inference.pair_scores, or the white-box statistics of
+auditor.edge_inference.pair_scores, or the white-box statistics of
 party_a.canary_statistics), guessed, and the right guesses bound ε from below
-(common.privacy.one_run_audit).
+(auditor.one_run_bound).
 
 The candidates are **worst-case canaries** (docs/audit-canaries.md, section 1): training
 roots of B's split (released in every epoch, not once), of the smallest degree in A's
@@ -28,13 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vesper.common.privacy.one_run_audit import OneRunAudit, canary_audit
 from vesper.common.secret_randomness import secret_base
 from vesper.party_a.graph_store import Graph, build_graph
-from vesper.party_b.edge_inference import pair_scores
-from vesper.party_b.release_record import ReceivedReleases
-
-PAIR_SCORER = "B's view: party_b.edge_inference.pair_scores"
 
 # Distinguishes the coins' generator from A's other secret generators of the same base.
 _CANARY_LABEL = 0x43414E415259  # "CANARY"
@@ -71,7 +66,7 @@ def canary_generator(secret_seed: int | None, run_seed: int) -> torch.Generator:
 
 
 def draw_coins(m: int, secret: torch.Generator) -> np.ndarray:
-    """Algorithm 1, step 3: S_i ~ Bernoulli(½) for i = 1..m, True for S_i = +1 (insert)."""
+    """[SNJ23, Alg. 1, step 3]: S_i ~ Bernoulli(½) for i = 1..m, True for S_i = +1 (insert)."""
     return torch.randint(0, 2, (m,), generator=secret, dtype=torch.int64).bool().numpy()
 
 
@@ -123,7 +118,7 @@ def candidate_pairs(graph: Graph, roots: np.ndarray, m: int, candidate_seed: int
 def draw_canaries(
     graph: Graph, coins: np.ndarray, candidate_seed: int, roots: np.ndarray, fanout: int = 0
 ) -> CanaryDraw:
-    """Algorithm 1, steps 1-3: the public candidates among ``roots`` and A's secret coins
+    """[SNJ23, Alg. 1, steps 1-3]: the public candidates among ``roots`` and A's secret coins
     (the first of ``coins`` when the qualifying roots allow fewer than len(coins) pairs)."""
     pairs = candidate_pairs(graph, roots, coins.size, candidate_seed, fanout)
     if not pairs.shape[0]:
@@ -160,10 +155,3 @@ def _with_pairs(graph: Graph, pairs: np.ndarray) -> Graph:
     cpu = graph.to("cpu")
     existing = torch.stack([cpu.slot_rows, cpu.indices], 1)
     return build_graph(torch.cat([existing, torch.from_numpy(pairs).reshape(-1, 2)]), graph.num_nodes).to(graph.device)
-
-
-def audit_canaries(draw: CanaryDraw, received: ReceivedReleases, delta: float, confidence: float) -> OneRunAudit:
-    """B's guesses about the canaries from what it received, and the ε lower bound they give."""
-    if received.num_nodes <= int(draw.pairs.max(initial=-1)):
-        raise ValueError(f"the canaries name node {int(draw.pairs.max())}, but party B received ids of {received.num_nodes}")
-    return canary_audit(pair_scores(received, draw.pairs), draw.included, delta, confidence, PAIR_SCORER)

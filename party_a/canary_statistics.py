@@ -1,6 +1,6 @@
 """White-box canary statistics over every release of the canary endpoints (docs/audit-canaries.md, §4).
 
-The replay (party_a.canary_replay) sees one release per node; the accountant's ε composes
+The replay (auditor.canary_replay) sees one release per node; the accountant's ε composes
 every epoch's. Here party A, in an audited run, computes at each release t of a canary
 endpoint x, with its weights of that moment and nothing that depends on the coins S:
 
@@ -39,22 +39,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vesper.common.privacy.one_run_audit import OneRunAudit, canary_audit
 from vesper.party_a.canaries import CanaryDraw, with_all_candidates, without_candidates
 from vesper.party_a.extractors.base import Extractor
 from vesper.party_a.extractors.pmp import PmpExtractor
-from vesper.party_a.extractors.pmp_plugin import _PmpPlugin
+from vesper.party_a.extractors.pmp_plugin import PmpPlugin
 from vesper.party_a.sampler import NeighbourSampler
-from vesper.party_b.release_record import ReceivedReleases
 
-MECHANISM_SCORER = "white-box: log-likelihood ratio of every noisy aggregate of the endpoints (A's view)"
-RELEASE_SCORER = "white-box: B's sums of every release of the endpoints against A's noiseless references"
 STATISTICS_FILE = "canary_statistics.npz"
 
 
 def unsupported_reason(extractor: Extractor) -> str:
     """Why the per-release statistics cannot be computed for ``extractor`` ('' when they can)."""
-    if not isinstance(extractor, _PmpPlugin) or not extractor.aggregates:
+    if not isinstance(extractor, PmpPlugin) or not extractor.aggregates:
         return f"{extractor.spec.name} is not a per-step PMP extractor (pmp-gin, pmp-gcn)"
     ex = extractor.setup.config.extractor
     if ex.layers != 1:
@@ -99,7 +95,7 @@ class CanaryStatistics:
 class _References:
     """A's noiseless layer-1 aggregates and releases of canary endpoints under both hypotheses."""
 
-    def __init__(self, extractor: _PmpPlugin, draw: CanaryDraw) -> None:
+    def __init__(self, extractor: PmpPlugin, draw: CanaryDraw) -> None:
         base = without_candidates(extractor.graph, draw)
         self.graphs = (base, with_all_candidates(base, draw))
         self.degrees = tuple(extractor.capped_degree(g) for g in self.graphs)
@@ -140,7 +136,7 @@ def observe_releases(extractor: Extractor, statistics: CanaryStatistics) -> None
     reason = unsupported_reason(extractor)
     if reason:
         raise ValueError(f"canary statistics: {reason}")
-    assert isinstance(extractor, _PmpPlugin)
+    assert isinstance(extractor, PmpPlugin)
     references = _References(extractor, statistics.draw)
     mechanism = extractor.model.noisy_aggregates
 
@@ -155,58 +151,3 @@ def observe_releases(extractor: Extractor, statistics: CanaryStatistics) -> None
         return noisy
 
     extractor.model.noisy_aggregates = observed
-
-
-# -- the auditor's side -----------------------------------------------------------------------
-
-
-def load_statistics(run_dir: Path) -> dict[str, np.ndarray]:
-    path = run_dir / STATISTICS_FILE
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} does not exist: party A keeps per-release canary statistics only for audited runs of "
-            "pmp-gin/pmp-gcn with L = 1, no degree projection and no edge subsampling"
-        )
-    with np.load(path) as data:
-        return {name: data[name] for name in data.files}
-
-
-def _per_pair(draw: CanaryDraw, endpoints: np.ndarray, per_endpoint: np.ndarray) -> np.ndarray:
-    """score of pair i = per-endpoint score of u_i + of v_i (NaN where neither was released)."""
-    index = np.searchsorted(endpoints, draw.pairs)
-    values = per_endpoint[index]
-    both_missing = np.isnan(values).all(axis=1)
-    return np.where(both_missing, np.nan, np.nansum(values, axis=1))
-
-
-def mechanism_scores(draw: CanaryDraw, stats: dict[str, np.ndarray]) -> np.ndarray:
-    """Σ over both endpoints and all their releases of ⟨ǎ_t − μ^a_t, Δ^a_t⟩ (module docstring)."""
-    per_endpoint = np.where(stats["releases"] > 0, stats["mechanism"], np.nan)
-    return _per_pair(draw, stats["endpoints"], per_endpoint)
-
-
-def release_scores(draw: CanaryDraw, stats: dict[str, np.ndarray], received: ReceivedReleases) -> np.ndarray:
-    """⟨Σ_t y_t − Σ_t μ^h_t, Σ_t Δ^h_t⟩ summed over both endpoints, with B's sums of y_t."""
-    endpoints = stats["endpoints"]
-    seen = received.train_count[endpoints] + received.eval_seen[endpoints]
-    if not np.array_equal(seen, stats["releases"]):
-        raise ValueError(
-            "party B's record and party A's canary statistics count different releases of the canary "
-            "endpoints: not the same run, or a release was lost"
-        )
-    total = received.train_sum[endpoints] + received.eval_embedding[endpoints] * received.eval_seen[endpoints, None, None]
-    per_endpoint = np.sum((total - stats["mid_sum"]) * stats["delta_sum"], axis=(1, 2))
-    return _per_pair(draw, endpoints, np.where(seen > 0, per_endpoint, np.nan))
-
-
-def audit_canaries_white_box(
-    draw: CanaryDraw, received: ReceivedReleases, run_dir: Path, delta: float, confidence: float,
-) -> tuple[OneRunAudit, OneRunAudit]:
-    """The one-run audit with the mechanism statistic and with B's release score, in that order."""
-    stats = load_statistics(run_dir)
-    if not np.array_equal(stats["endpoints"], np.sort(draw.pairs.reshape(-1))):
-        raise ValueError(f"{run_dir / STATISTICS_FILE} belongs to another canary draw")
-    return (
-        canary_audit(mechanism_scores(draw, stats), draw.included, delta, confidence, MECHANISM_SCORER),
-        canary_audit(release_scores(draw, stats, received), draw.included, delta, confidence, RELEASE_SCORER),
-    )

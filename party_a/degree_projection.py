@@ -10,8 +10,8 @@ displaced edge (u*, u') and (v*, v') per endpoint — touching at most four node
 for extractors that read P(G) whole are derived from exactly that lemma.
 
 The projection is computed once per run with one secret seed and then read by every
-step; it is vectorised over the CSR (two sorts of at most 2|E| int64 keys), so millions of edges
-take about a second on a CPU.
+step; it is vectorised over the CSR (two sorts of at most 2|E| int64 keys), so it is cheap
+even for millions of edges on a CPU (docs/performance-notes.md).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def kept_by_row(graph: Graph, rows: torch.Tensor, neighbours: torch.Tensor, max_
     and ranked. One stable sort by (row, priority): CSR rows list neighbours in
     ascending order, so equal priorities stay ordered by the neighbour id — a total
     order on each node's incident edges that depends on the edge alone, which is what
-    Lemma 4 needs.
+    docs/privacy.md's Lemma 4 needs.
     """
     degree = graph.degree
     heavy_rows = torch.where(degree > max_degree, degree, torch.zeros_like(degree))

@@ -1,6 +1,6 @@
 """What party A keeps of the gradients B sends, when a run asks for it (``record_gradients``).
 
-The label-leakage measurement (party_a/label_attack.py, docs/label-leakage.md) plays a
+The label-leakage measurement (auditor/label_attack.py, docs/label-leakage.md) plays a
 curious party A: it reads exactly these tensors. Only the first and the last training
 epoch are kept, one gradient per root (the latest if a root recurs within an epoch).
 """

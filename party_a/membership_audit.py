@@ -1,4 +1,4 @@
-"""TFTS, the membership audit's set-up at party A (VESPER App. C.7; docs/audit-canaries.md §7).
+"""TFTS, the membership audit's set-up at party A ([VESPER, App. C.7]; docs/audit-canaries.md §7).
 
 With ``audit.membership`` A trains its extractor on the subgraph induced by B's training
 nodes and evaluates on the full graph, so B's posteriors tell members from non-members

@@ -4,7 +4,7 @@ Every extractor adds its noise through the :class:`NoiseSource` it is handed
 (``ExtractorSetup.noise``), never by calling ``torch.randn`` itself. That keeps two
 promises checkable in one place:
 
-* the noise comes from A's secret generator (``party_a.trainer._secret_generators``),
+* the noise comes from A's secret generator (``party_a.run.secrets.SecretGenerators``),
   never from anything B knows, and its state is what A's checkpoints save;
 * every value that passes through a mechanism is seen here, with the node ids its rows
   are about, so the whole-release test (tests/test_release_independence.py) can record

@@ -86,8 +86,8 @@ def _mix32_int32_(x: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
 
     int32 products wrap modulo 2**32 like the masked int64 ones, and a logical shift
     right by 16 is the arithmetic shift masked to 16 bits, so the bits are the same.
-    int32 because int64 multiplication does not vectorise on AVX2 (about 5x slower
-    here); in place because every temporary of this size costs fresh pages.
+    int32 because int64 multiplication does not vectorise on AVX2 (several times slower
+    here: docs/performance-notes.md); in place because every temporary of this size costs fresh pages.
     """
     for multiply in (True, True, False):
         torch.bitwise_right_shift(x, 16, out=scratch)

@@ -27,8 +27,8 @@ from vesper.common.torch_threads import apply_torch_threads
 from vesper.common.writable import check_writable_dir
 from vesper.party_a.extractors.registry import lookup, validated_params
 from vesper.party_a.peers import AccountantClient, LabelPartyClient
-from vesper.party_a.run_checkpoint import ResumeError, RunFiles, check_resumable
-from vesper.party_a.trainer import GraphData, GraphPartyRun, ProgressEvent
+from vesper.party_a.run import GraphData, GraphPartyRun, ProgressEvent
+from vesper.party_a.run.checkpoint_files import ResumeError, RunFiles, check_resumable
 from vesper.proto.v1 import graph_party_pb2 as pb
 from vesper.proto.v1 import graph_party_pb2_grpc as pb_grpc
 
@@ -63,7 +63,7 @@ class GraphPartyService(pb_grpc.GraphPartyServicer):
             return self._data[key]
 
     def _resume_record(self, run_id: str, context: grpc.ServicerContext) -> tuple[RunConfig, dict]:
-        """The run's settings and resume record from A's own disk (party_a.run_checkpoint)."""
+        """The run's settings and resume record from A's own disk (party_a.run.checkpoint_files)."""
         if not RUN_ID.match(run_id):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"run id {run_id!r} must match {RUN_ID.pattern}")
         try:
@@ -76,7 +76,7 @@ class GraphPartyService(pb_grpc.GraphPartyServicer):
 
     def _claim(self, run_id: str, context: grpc.ServicerContext) -> None:
         """Mark ``run_id`` live in this service; a second trainer of it is refused before it starts
-        (across services, the accountant's lease refuses it: party_a.run_lease)."""
+        (across services, the accountant's lease refuses it: party_a.run.lease)."""
         with self._lock:
             if run_id in self._live:
                 context.abort(

@@ -33,7 +33,7 @@ from vesper.party_b.label_data import LabelStore
 if TYPE_CHECKING:
     import dp_accounting as dpa
 
-# The mechanisms and the privacy math (dp-accounting, scipy: ~2 s to import) are imported
+# The mechanisms and the privacy math (dp-accounting, scipy: slow to import, docs/performance-notes.md) are imported
 # by the modes that use them, so that party B starts fast and a run without label privacy
 # never loads them.
 

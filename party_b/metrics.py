@@ -12,7 +12,7 @@ def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
 
 def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
     """Area under the ROC curve by the rank statistic (Mann-Whitney U), ties averaged."""
-    from scipy.stats import rankdata  # ~1 s to import: only when a binary task is evaluated, not at B's start
+    from scipy.stats import rankdata  # slow to import (docs/performance-notes.md): only when a binary task is evaluated
 
     labels = np.asarray(labels).astype(bool)
     positives, negatives = int(labels.sum()), int((~labels).sum())

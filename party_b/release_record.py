@@ -10,12 +10,12 @@ For an audited run (``RunConfig.audit.record_releases``) B keeps
 * per evaluated node, the decoder's **posterior** (softmax of its logits) and its split:
   what the membership attack queries.
 
-Written once, when the run finishes, to ``runs/<id>/received.npz`` in B's workdir.
+Written once, when the run finishes, to ``runs/<id>/received.npz`` in B's workdir; the
+auditor reads it (auditor/received_releases.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -62,42 +62,3 @@ class ReleaseRecord:
             posterior_splits=torch.cat(self.posterior_splits).numpy() if self.posterior_splits else np.zeros(0, np.int64),
             posteriors=torch.cat(self.posteriors).numpy() if self.posteriors else np.zeros((0, width), np.float32),
         )
-
-
-@dataclass(frozen=True)
-class ReceivedReleases:
-    """``received.npz`` loaded: B's view of a finished run, as numpy arrays."""
-
-    train_sum: np.ndarray  # (N, d, L) float64: sum over the training releases of each node
-    train_count: np.ndarray  # (N,) how many training releases of each node B received
-    eval_embedding: np.ndarray  # (N, d, L) the evaluation release (zeros where none)
-    eval_seen: np.ndarray  # (N,) bool
-    posterior_ids: np.ndarray  # (M,) evaluated nodes
-    posterior_splits: np.ndarray  # (M,) SPLIT_CODES
-    posteriors: np.ndarray  # (M, C) softmax of B's decoder
-
-    @classmethod
-    def load(cls, path: Path) -> ReceivedReleases:
-        if not path.exists():
-            raise FileNotFoundError(
-                f"{path} does not exist: party B keeps what it received only for runs with audit.record_releases"
-            )
-        with np.load(path) as data:
-            return cls(**{name: data[name] for name in cls.__dataclass_fields__})
-
-    @property
-    def num_nodes(self) -> int:
-        return int(self.train_count.shape[0])
-
-    def mean_release(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per node the mean of every release B received (training and evaluation), and a
-        mask of the nodes B received at least once."""
-        total = self.train_sum + self.eval_embedding * self.eval_seen[:, None, None]
-        count = self.train_count + self.eval_seen
-        received = count > 0
-        mean = np.zeros_like(total)
-        mean[received] = total[received] / count[received, None, None]
-        return mean, received
-
-    def split_ids(self, split: str) -> np.ndarray:
-        return self.posterior_ids[self.posterior_splits == SPLIT_CODES[split]]

@@ -1,4 +1,4 @@
-"""One run at party B: decoder, optimiser, loss and metrics (Algorithm 3, lines 11-16)."""
+"""One run at party B: decoder, optimiser, loss and metrics [VESPER, Alg. 3, lines 11-16]."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ class LabelSession:
         return self.guard.train_mask
 
     def train_step(self, node_ids: torch.Tensor, embeddings: torch.Tensor) -> tuple[torch.Tensor, float]:
-        """Decode, compute the loss (eq. 37), update the decoder, return dLoss/dEmbeddings (eq. 38).
+        """Decode, compute the loss [VESPER, eq. 37], update the decoder, return dLoss/dEmbeddings [VESPER, eq. 38].
 
         The loss reads the guard's training labels: the truth, randomised response's
         privatised labels, or the teachers' answers (docs/label-privacy.md).

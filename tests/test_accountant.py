@@ -322,7 +322,7 @@ CONTRACT_TABLE = {1: ("1.20", "13.4"), 4: ("0.69", "3.77"), 8: ("0.56", "2.06"),
 @pytest.mark.parametrize("target", sorted(CONTRACT_TABLE))
 def test_the_two_modes_reproduce_the_contract_table(accountant: Accountant, target: int) -> None:
     from vesper.common.privacy.accounting import calibrate
-    from vesper.common.privacy.theorem21 import theorem21_gamma
+    from vesper.common.privacy.hidden_batch_reproduction import theorem21_gamma
 
     hidden_printed, visible_printed = CONTRACT_TABLE[target]
     steps = math.ceil(150_000 / 256)

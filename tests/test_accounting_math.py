@@ -16,7 +16,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vesper.accountant import benchmark
+from vesper.benchmarks import accounting_bench as benchmark
 from vesper.common.privacy.accounting import (
     _UNLIMITED,
     RDP_ORDERS,
@@ -29,7 +29,7 @@ from vesper.common.privacy.accounting import (
     gaussian_epsilon,
 )
 from vesper.common.privacy.events import EventError, event_from_json, event_to_json
-from vesper.common.privacy.theorem21 import (
+from vesper.common.privacy.hidden_batch_reproduction import (
     bound6_rdp,
     calibrate_bound6,
     hidden_batch_bound6_epsilon,

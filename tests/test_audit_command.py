@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from vesper.coordinator.audit_bench import AuditRow, markdown, planned_cells, read_rows
+from vesper.benchmarks.audit_bench import AuditRow, markdown, planned_cells, read_rows
 from vesper.coordinator.cli import app
 
 runner = CliRunner()

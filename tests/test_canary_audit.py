@@ -39,10 +39,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from vesper.common.config import DEFAULT_DELTA, RunConfig, RunSummary
-from vesper.common.dataset_files import load_graph_part, resolve_dataset
-from vesper.common.privacy.accounting import gaussian_epsilon
-from vesper.common.privacy.one_run_audit import (
+from vesper.auditor.canary_replay import audit_canaries_replayed
+from vesper.auditor.canary_scores import (
+    audit_canaries,
+    audit_canaries_white_box,
+    load_statistics,
+    mechanism_scores,
+    release_scores,
+)
+from vesper.auditor.one_run_bound import (
     OneRunAudit,
     canary_audit,
     count_correct,
@@ -51,9 +56,12 @@ from vesper.common.privacy.one_run_audit import (
     guess_grid,
     p_value,
 )
+from vesper.auditor.received_releases import ReceivedReleases
+from vesper.common.config import DEFAULT_DELTA, RunConfig, RunSummary
+from vesper.common.dataset_files import load_graph_part, resolve_dataset
+from vesper.common.privacy.accounting import gaussian_epsilon
 from vesper.party_a.canaries import (
     CanaryDraw,
-    audit_canaries,
     canary_generator,
     candidate_pairs,
     draw_canaries,
@@ -62,23 +70,18 @@ from vesper.party_a.canaries import (
     with_all_candidates,
     without_candidates,
 )
-from vesper.party_a.canary_replay import audit_canaries_replayed
 from vesper.party_a.canary_statistics import (
     CanaryStatistics,
-    audit_canaries_white_box,
-    load_statistics,
-    mechanism_scores,
     observe_releases,
-    release_scores,
     unsupported_reason,
 )
 from vesper.party_a.extractors.base import ChargePlan, ExtractorSetup, RootPlan
 from vesper.party_a.extractors.pmp_plugin import MlpPlugin, PmpGcnPlugin, PmpGinPlugin
 from vesper.party_a.graph_store import Graph, build_graph, induced_subgraph
 from vesper.party_a.membership_audit import check_tfts, same_charges
-from vesper.party_b.release_record import ReceivedReleases, ReleaseRecord
+from vesper.party_b.release_record import ReleaseRecord
 
-# -- the bound (common.privacy.one_run_audit) --------------------------------------------------
+# -- the bound (auditor.one_run_bound) --------------------------------------------------
 
 
 def _logit(p: float) -> float:
@@ -368,7 +371,7 @@ def test_noise_smaller_than_charged_is_caught() -> None:
     assert honest.epsilon_lower_bound <= charged < buggy.epsilon_lower_bound
 
 
-# -- TFTS at party A (party_a.trainer) ----------------------------------------------------------
+# -- TFTS at party A (party_a.run.audit_hooks) ----------------------------------------------------------
 
 
 def test_induced_subgraph_keeps_the_edges_inside_the_nodes() -> None:
@@ -501,22 +504,22 @@ def test_a_run_adding_less_noise_than_it_charges_is_caught(tmp_path: Path, monke
     noise is cut to 1 % of what the accountant charged. The same run without the bug stays
     below the accountant's ε; with it, the white-box bound exceeds it."""
     from vesper.coordinator.in_process import InProcessCluster
-    from vesper.party_a.extractors.pmp_plugin import _PmpPlugin
+    from vesper.party_a.extractors.pmp_plugin import PmpPlugin
 
     config = RunConfig.model_validate({
         "dataset": "cora", "epochs": 2, "extractor": EXACT, "privacy": {"epsilon": 1.0},
         "audit": {"canaries": 500, "canary_seed": 0, "record_releases": True},
     })
-    honest_bind = _PmpPlugin.bind
+    honest_bind = PmpPlugin.bind
     with InProcessCluster(tmp_path, party_a={"secret_seed": 3}) as cluster:
         bounds = []
         for bug in (False, True):
             if bug:
-                def buggy_bind(self: _PmpPlugin, noise_multiplier: float | None) -> None:
+                def buggy_bind(self: PmpPlugin, noise_multiplier: float | None) -> None:
                     honest_bind(self, noise_multiplier)
                     self.noise_std *= 0.01
 
-                monkeypatch.setattr(_PmpPlugin, "bind", buggy_bind)
+                monkeypatch.setattr(PmpPlugin, "bind", buggy_bind)
             summary = cluster.drive(config)
             assert summary.status == "completed", summary.message
             run_dir = tmp_path / "party_a" / "runs" / summary.run_id

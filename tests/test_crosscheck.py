@@ -22,7 +22,7 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 
 from vesper.common.privacy.accounting import RDP_ORDERS, _rdp, epsilon_of
-from vesper.common.privacy.theorem21 import bound6_rdp
+from vesper.common.privacy.hidden_batch_reproduction import bound6_rdp
 
 # -- (a) the Gaussian mechanism in closed form -----------------------------------------------
 

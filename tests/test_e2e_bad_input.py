@@ -11,6 +11,7 @@ import pytest
 import torch
 from e2e import ledger, vesper
 
+from vesper.benchmarks.synthetic import SyntheticSpec, generate, save_npz
 from vesper.common.accountant_client import AccountantClient
 from vesper.common.charge_token import read_token
 from vesper.common.dataset_files import resolve_dataset
@@ -18,7 +19,6 @@ from vesper.common.privacy.accounting import epsilon_of
 from vesper.common.privacy.events import event_to_json
 from vesper.common.wire import encode_tensor
 from vesper.coordinator.processes import LocalCluster
-from vesper.coordinator.synthetic import SyntheticSpec, generate, save_npz
 from vesper.proto.v1 import accountant_pb2 as acc
 from vesper.proto.v1 import accountant_pb2_grpc as acc_grpc
 from vesper.proto.v1 import graph_party_pb2 as ga

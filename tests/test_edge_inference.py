@@ -1,5 +1,5 @@
-"""Edge inference from the releases (party_b/edge_inference.py) and the Figure-4 plot of attack
-AUC against ε (coordinator/attack_plots.py); docs/audit-attacks.md.
+"""Edge inference from the releases (auditor/edge_inference.py) and the Figure-4 plot of attack
+AUC against ε (benchmarks/attack_plots.py); docs/audit-attacks.md.
 
 Synthetic records stand in for what party B keeps (party_b/release_record.py): each node's
 release is its own random vector, plus (when the graph leaks) the mean of its neighbours'.
@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vesper.coordinator.attack_plots import AttackRow, attack_cells, epsilon_positions, plot_attack_auc
-from vesper.party_b import edge_inference as ei
-from vesper.party_b.release_record import ReceivedReleases
+from vesper.auditor import edge_inference as ei
+from vesper.auditor.received_releases import ReceivedReleases
+from vesper.benchmarks.attack_plots import AttackRow, attack_cells, epsilon_positions, plot_attack_auc
 
 NODES, DIM, MEAN_DEGREE = 400, 64, 4.0
 NULL_TOLERANCE = 0.03  # |mean AUC − 0.5| over seeds; one AUC's null std here is ≈ 0.013 (≈ 1000 pairs a side)

@@ -15,7 +15,6 @@ from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import pytest
-import torch
 from e2e import ledger, vesper
 
 from vesper.common.config import RunConfig
@@ -136,27 +135,28 @@ def test_the_trainer_turns_plans_into_charge_rules() -> None:
 
     from vesper.common.privacy.events import event_from_json
     from vesper.common.privacy.ledger import PlanRule
-    from vesper.party_a.extractors.base import ChargePlan, RootPlan, Stage
-    from vesper.party_a.trainer import GraphPartyRun
+    from vesper.party_a.extractors.base import ChargePlan, Stage
+    from vesper.party_a.run.release import plan_release
 
-    run = GraphPartyRun.__new__(GraphPartyRun)  # _release reads only the config (no calibration at ε = ∞)
-    run.config = RunConfig.model_validate({"privacy": {"epsilon": "inf"}, "extractor": {"name": "gap"}})
-    empty = torch.empty(0, dtype=torch.int64)
-    roots = RootPlan(empty, empty, empty, 1, 1)
+    config = RunConfig.model_validate({"privacy": {"epsilon": "inf"}, "extractor": {"name": "gap"}})
+
+    def release_of(plan: ChargePlan):  # no calibration at ε = ∞
+        return plan_release(config, plan, calibrate=lambda: pytest.fail("calibrated at ε = ∞"))
+
     rules = [
         PlanRule(kind="one-shot", participation_bound=None, mechanism="exponential"),
         PlanRule(kind="train", participation_bound=None, mechanism="no-op"),
         PlanRule(kind="eval", participation_bound=None),
     ]
-    release = run._release(roots, ChargePlan(rules, 1.0, one_shot_releases=1))
+    release = release_of(ChargePlan(rules, 1.0, one_shot_releases=1))
     events = {rule.kind: type(event_from_json(rule.release_event)) for rule in release.rules}
     assert events == {"one-shot": dpa.NonPrivateDpEvent, "train": dpa.NoOpDpEvent, "eval": dpa.NonPrivateDpEvent}
     assert release.noise_multiplier is None and release.noise_std == 0
 
     with pytest.raises(ValueError, match="one rule for each of train and eval"):
-        run._release(roots, ChargePlan(rules[:2], 1.0))
+        release_of(ChargePlan(rules[:2], 1.0))
     with pytest.raises(ValueError, match="plans one-shot releases but declares no rule"):
-        run._release(roots, ChargePlan(rules[1:], 1.0, one_shot_releases=2))
+        release_of(ChargePlan(rules[1:], 1.0, one_shot_releases=2))
     with pytest.raises(ValueError, match="edge-free stages but a costly train rule"):
         costly = [rules[0], PlanRule(kind="train", participation_bound=1), rules[2]]
-        run._release(roots, ChargePlan(costly, 1.0, stages=(Stage("encoder", 1, 1),)))
+        release_of(ChargePlan(costly, 1.0, stages=(Stage("encoder", 1, 1),)))

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from vesper.benchmarks import extractor_sweep as sweep
 from vesper.common.config import Metric, RunConfig, RunSummary
-from vesper.coordinator import extractor_sweep as sweep
 
 EPSILONS = [1.0, 4.0, 8.0]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from vesper.benchmarks import extractor_table as table
 from vesper.common.config import Metric, RunConfig, RunSummary
-from vesper.coordinator import extractor_table as table
 
 SCORES = {"mlp": [0.70, 0.72, 0.71], "pmp-gin": [0.80, 0.81, 0.79], "gap": [0.69, 0.74, 0.70]}
 

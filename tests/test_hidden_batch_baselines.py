@@ -31,6 +31,7 @@ from vesper.accountant.budget import Accountant
 from vesper.common.config import ExtractorConfig, PrivacyConfig, RunConfig
 from vesper.common.privacy.accounting import epsilon_of
 from vesper.common.privacy.events import event_from_json
+from vesper.common.privacy.hidden_batch_reproduction import theorem21_gamma
 from vesper.common.privacy.ledger import (
     ChargeRule,
     PlanRule,
@@ -40,7 +41,6 @@ from vesper.common.privacy.ledger import (
     counted_per_kind,
     spent,
 )
-from vesper.common.privacy.theorem21 import theorem21_gamma
 from vesper.coordinator.processes import LocalCluster
 from vesper.party_a.encoder import GivenEncoding
 from vesper.party_a.extractors.base import ChargePlan, ExtractorSetup, RootPlan

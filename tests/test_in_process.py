@@ -49,7 +49,7 @@ from vesper.coordinator.in_process import InProcessCluster, InProcessServer
 from vesper.coordinator.processes import LocalCluster
 from vesper.coordinator.run_client import RunClientError, drive_run
 from vesper.party_a.peers import LabelPartyClient
-from vesper.party_a.trainer import GraphData, ProgressEvent
+from vesper.party_a.run import GraphData, ProgressEvent
 from vesper.party_b.service import LabelPartyService
 from vesper.proto.v1 import accountant_pb2, accountant_pb2_grpc
 from vesper.proto.v1 import label_party_pb2 as lp_pb
@@ -217,13 +217,22 @@ def test_progress_events_reach_the_callback(in_process: InProcessCluster) -> Non
 def test_ctrl_c_cancels_the_run_and_closes_it_at_the_accountant(in_process: InProcessCluster) -> None:
     """As when the coordinator goes away from A's service: the run stops after its step."""
 
+    interrupted = threading.Event()
+
+    def ctrl_c(signum: int, frame: object) -> None:
+        interrupted.set()
+        signal.default_int_handler(signum, frame)
+
     def interrupt_once(event: ProgressEvent) -> None:
         if event.phase == "train" and event.step == 1:
             os.kill(os.getpid(), signal.SIGINT)  # Python runs the handler in the main thread, in drive()
+            # on a loaded machine the main thread may run the handler only steps later: the run
+            # waits for it here (as a person's Ctrl-C arrives while a step is still running)
+            interrupted.wait(30)
 
     # Python installs its KeyboardInterrupt handler only where SIGINT was not ignored at start
     # (a background job's is): install it here, as an interactive shell's Python has it
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous = signal.signal(signal.SIGINT, ctrl_c)
     try:
         with pytest.raises(KeyboardInterrupt):
             in_process.drive(_config(epochs=3), report=interrupt_once)

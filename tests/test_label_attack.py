@@ -1,4 +1,4 @@
-"""The label-leakage attacks of a curious party A (party_a/label_attack.py, docs/label-leakage.md).
+"""The label-leakage attacks of a curious party A (auditor/label_attack.py, docs/label-leakage.md).
 
 Gradients are made the way party B makes them (party_b/session.py, ``LabelSession.train_step``):
 B's real decoder on A's embeddings, mean cross-entropy over a batch, autograd with respect to the
@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vesper.auditor import label_attack as la
 from vesper.common.config import DecoderConfig, OptimizerConfig
 from vesper.common.optim import build_optimizer
-from vesper.party_a import label_attack as la
 from vesper.party_b.decoders import build_decoder
 from vesper.party_b.metrics import roc_auc
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from vesper.auditor.label_attack import auc_ceiling
+from vesper.benchmarks import label_privacy_table as table
 from vesper.common.config import Metric, RunConfig, RunSummary
-from vesper.coordinator import label_privacy_table as table
-from vesper.party_a.label_attack import auc_ceiling
 
 EPSILONS = [1.0, 4.0, math.inf]
 NODES = 800

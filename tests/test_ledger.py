@@ -7,6 +7,7 @@ import pytest
 
 from vesper.common.privacy.accounting import epsilon_of
 from vesper.common.privacy.events import event_to_json
+from vesper.common.privacy.hidden_batch_reproduction import theorem21_gamma
 from vesper.common.privacy.ledger import (
     ChargeRule,
     LedgerRow,
@@ -18,7 +19,6 @@ from vesper.common.privacy.ledger import (
     replay,
     spent,
 )
-from vesper.common.privacy.theorem21 import theorem21_gamma
 
 
 def test_participation_rule() -> None:

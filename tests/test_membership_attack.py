@@ -1,4 +1,4 @@
-"""Membership inference from party B's position (party_b/membership_attack.py, docs/audit-attacks.md).
+"""Membership inference from party B's position (auditor/membership_attack.py, docs/audit-attacks.md).
 
 Records are built the way party B keeps them (party_b/release_record.py): one evaluation
 release and one posterior per node, with its split. "Leaky" records give B's training
@@ -18,8 +18,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vesper.party_b import membership_attack as ma
-from vesper.party_b.release_record import SPLIT_CODES, ReceivedReleases
+from vesper.auditor import membership_attack as ma
+from vesper.auditor.received_releases import ReceivedReleases
+from vesper.party_b.release_record import SPLIT_CODES
 
 DIM = 16
 NULL_TOLERANCE = 0.05  # |mean AUC − 0.5| over seeds; one AUC's null std here is ≈ 0.02 (≈ 700 vs 350 targets)

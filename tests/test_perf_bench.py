@@ -1,4 +1,4 @@
-"""`vesper bench perf` (coordinator/perf/): pipelining is exact, the report writer, and the cheap
+"""`vesper bench perf` (benchmarks/perf/): pipelining is exact, the report writer, and the cheap
 parts of the figure sources. The benchmark itself is never run here.
 
 1. Pipelining (party A samples step t+1 while B computes step t) changes nothing a run
@@ -29,17 +29,17 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from vesper.accountant.ledger_store import LedgerStore
+from vesper.benchmarks.perf import command as perf
+from vesper.benchmarks.perf.accountant_latency import WARMUP, counted_split, paced_commits, percentile
+from vesper.benchmarks.perf.accountant_latency import in_process as charges_in_process
+from vesper.benchmarks.perf.figures import PerfFigure
+from vesper.benchmarks.perf.throughput import ThroughputOptions, one_process_rate, steady_rate
+from vesper.benchmarks.perf.wire_bytes import bytes_per_step, framed, within_seed_noise
 from vesper.common.config import RunConfig
 from vesper.coordinator.in_process import InProcessCluster
-from vesper.coordinator.perf import command as perf
-from vesper.coordinator.perf.accountant_latency import WARMUP, counted_split, paced_commits, percentile
-from vesper.coordinator.perf.accountant_latency import in_process as charges_in_process
-from vesper.coordinator.perf.figures import PerfFigure
-from vesper.coordinator.perf.throughput import ThroughputOptions, one_process_rate, steady_rate
-from vesper.coordinator.perf.wire_bytes import bytes_per_step, framed, within_seed_noise
 from vesper.party_a.extractors.base import ExtractorSetup
-from vesper.party_a.extractors.pmp_plugin import PmpGcnPlugin, PmpGinPlugin, _PmpPlugin
-from vesper.party_a.step_timings import STEP_TIMINGS_FILE, StepTimings
+from vesper.party_a.extractors.pmp_plugin import PmpGcnPlugin, PmpGinPlugin, PmpPlugin
+from vesper.party_a.run.step_timings import STEP_TIMINGS_FILE, StepTimings
 
 VOLATILE = {"run_id", "seconds", "status_url"}
 
@@ -75,13 +75,13 @@ def test_pipelining_changes_no_release_no_charge_and_no_parameter(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_thread: None
 ) -> None:
     prefetches: list[int] = []
-    prefetch = _PmpPlugin.prefetch
+    prefetch = PmpPlugin.prefetch
 
-    def counted(self: _PmpPlugin, roots: torch.Tensor) -> None:
+    def counted(self: PmpPlugin, roots: torch.Tensor) -> None:
         prefetches.append(roots.numel())
         prefetch(self, roots)
 
-    monkeypatch.setattr(_PmpPlugin, "prefetch", counted)
+    monkeypatch.setattr(PmpPlugin, "prefetch", counted)
     # checkpoints every 5 steps: the steps before them are not prefetched (their checkpoint holds
     # the sampling generator as it stands after them), the others are
     with InProcessCluster(tmp_path, party_a={"secret_seed": 7, "checkpoint_every": 5}, party_b={"secret_seed": 9}) as cluster:
@@ -102,7 +102,7 @@ def test_pipelining_changes_no_release_no_charge_and_no_parameter(
     assert '"prefetch"' in timings
 
 
-def _plugin(cls: type, graph, layers: int, edge_rate: float | None) -> _PmpPlugin:
+def _plugin(cls: type, graph, layers: int, edge_rate: float | None) -> PmpPlugin:
     config = RunConfig.model_validate({
         "extractor": {"name": cls.spec.name, "layers": layers, "fanout": 3},
         "privacy": {"edge_sample_rate": edge_rate},
@@ -187,7 +187,7 @@ def _report(outcomes: list[perf.SourceOutcome], quick: bool = False) -> perf.Per
 def test_the_document_holds_machine_command_goals_verdicts_and_bounds(tmp_path: Path) -> None:
     report = _report([
         perf.SourceOutcome(source="throughput", what="two-party against one process", figures=_figures(), seconds=3),
-        perf.SourceOutcome(source="scale", what="1M nodes", error="not available: vesper.coordinator.perf.scale (ImportError)"),
+        perf.SourceOutcome(source="scale", what="1M nodes", error="not available: vesper.benchmarks.perf.scale (ImportError)"),
     ], quick=True)
     path = perf.write_report(report, tmp_path / "docs" / "performance.md")
     text = path.read_text()
@@ -197,7 +197,7 @@ def test_the_document_holds_machine_command_goals_verdicts_and_bounds(tmp_path: 
         "1.00 / 2.00 / 3.00", "1 of 2 goals met", "| ratio met | 0.93× | >= 0.85 | pass |",
         "| latency missed | 7.5 ms | p99 < 5 ms | **FAIL** |", "| reported only | 5.835e+04 bytes | - | reported |",
         "**What bounds it:**", "```\n   ncalls  tottime", "41.2 vs 44.3 steps/s", "`vesper bench perf --only throughput`",
-        "not available: vesper.coordinator.perf.scale", "**`--quick`**", "exits 0",
+        "not available: vesper.benchmarks.perf.scale", "**`--quick`**", "exits 0",
     ):
         assert expected in text, expected
     console = Console(record=True, width=200)
@@ -320,7 +320,7 @@ def test_in_process_charges_are_timed_and_profiled(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_charges_over_grpc_alternate_with_health_checks(tmp_path: Path) -> None:
     """The transport's floor in the accountant figure: as many no-work round trips as charges."""
-    from vesper.coordinator.perf.accountant_latency import over_grpc
+    from vesper.benchmarks.perf.accountant_latency import over_grpc
 
     pings: list[float] = []
     charges = over_grpc(tmp_path / "service", 20, pings=pings)
@@ -329,7 +329,7 @@ def test_charges_over_grpc_alternate_with_health_checks(tmp_path: Path) -> None:
 
 
 def test_the_throughput_bound_names_each_difference_and_the_transport_floor() -> None:
-    from vesper.coordinator.perf.throughput import Measurements, Rate, overhead_lines, phase_table
+    from vesper.benchmarks.perf.throughput import Measurements, Rate, overhead_lines, phase_table
 
     def rate(**ms: float) -> Rate:
         return Rate(30.0, 3, {name: [value / 1000] * 3 for name, value in ms.items()})

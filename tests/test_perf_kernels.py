@@ -367,7 +367,7 @@ def test_cuda_samples_what_the_cpu_samples_and_keeps_everything_on_the_gpu(name:
 
 # -- the benchmark module ----------------------------------------------------------------------
 def test_kernel_figures_run_on_a_small_graph(tmp_path: Path) -> None:
-    from vesper.coordinator.perf import kernels
+    from vesper.benchmarks.perf import kernels
 
     rng = np.random.default_rng(0)
     n = 700

@@ -1,5 +1,5 @@
-"""Party A's memory-mapped CSR cache (common/dataset_files.py) and the scale benchmark's
-pieces (coordinator/perf/scale.py). The 1M/10M runs themselves are not tests: they take
+"""Party A's memory-mapped CSR cache (common/csr_cache.py) and the scale benchmark's
+pieces (benchmarks/perf/scale.py). The 1M/10M runs themselves are not tests: they take
 minutes (docs/performance.md has their numbers)."""
 
 from __future__ import annotations
@@ -14,17 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from vesper.common.dataset_files import (
-    CACHE_ENV,
-    DatasetError,
-    csr_cache_entry,
-    drop_csr_cache,
-    load_csr_part,
-    load_graph_part,
-    resolve_dataset,
-    write_symmetric_csr,
-)
-from vesper.coordinator.perf.scale import (
+from vesper.benchmarks.perf.scale import (
     GOAL_A_PEAK_MIB,
     GraphFile,
     PeakSampler,
@@ -36,8 +26,10 @@ from vesper.coordinator.perf.scale import (
     graph_file,
     read_memory,
 )
+from vesper.common.csr_cache import CACHE_ENV, csr_cache_entry, drop_csr_cache, load_csr_part, write_symmetric_csr
+from vesper.common.dataset_files import DatasetError, load_graph_part, resolve_dataset
 from vesper.party_a.graph_store import build_graph
-from vesper.party_a.trainer import GraphData
+from vesper.party_a.run import GraphData
 
 
 def save_graph(path: Path, edges: np.ndarray, features: np.ndarray, compressed: bool = False) -> Path:
@@ -266,7 +258,7 @@ def test_the_goal_is_party_a_under_4_gib_on_the_1m_graph() -> None:
 
 
 def test_step_phases_are_medians_of_the_trainers_timings(tmp_path: Path) -> None:
-    from vesper.coordinator.perf.scale import step_phases
+    from vesper.benchmarks.perf.scale import step_phases
 
     (tmp_path / "step_timings.json").write_text(
         '{"phases": ["release", "wait"], "steps": [[0.010, 0.001], [0.030, 0.003], [0.020, 0.002]], "ends": [1, 2, 3]}'
@@ -277,7 +269,7 @@ def test_step_phases_are_medians_of_the_trainers_timings(tmp_path: Path) -> None
 
 @pytest.mark.slow
 def test_one_epoch_through_the_services_is_measured(tmp_path: Path, cache_root: Path) -> None:
-    from vesper.coordinator.perf.scale import run_profile
+    from vesper.benchmarks.perf.scale import run_profile
 
     profile = ScaleProfile(name="tiny", nodes=3000, edges=20_000, profile="sparse")
     graph = generate_graph(profile, tmp_path / profile.file_name())

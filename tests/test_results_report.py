@@ -7,10 +7,10 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from vesper.benchmarks.results_report import DEFAULT, QUICK, render
+from vesper.benchmarks.utility_bench import UtilityOptions
 from vesper.common.config import RunConfig
 from vesper.coordinator.cli import app
-from vesper.coordinator.results_report import DEFAULT, QUICK, render
-from vesper.coordinator.utility_bench import UtilityOptions
 
 
 def test_presets_cover_what_the_issue_asks() -> None:
@@ -47,7 +47,7 @@ def test_help_is_true() -> None:
 
 
 def test_a_cell_run_again_keeps_only_its_newest_row(tmp_path: Path) -> None:
-    from vesper.coordinator.extractor_table import TableRow, append_row, drop_superseded, read_rows
+    from vesper.benchmarks.extractor_table import TableRow, append_row, drop_superseded, read_rows
 
     def row(seed: int, status: str) -> TableRow:
         return TableRow(dataset="cora", extractor="pmp-gcn", seed=seed, epsilon_budget=4.0,

@@ -9,7 +9,7 @@ import torch
 
 from vesper.common.config import RunConfig
 from vesper.common.wire import encode_tensor
-from vesper.party_a.run_checkpoint import (
+from vesper.party_a.run.checkpoint_files import (
     KEEP,
     Checkpoint,
     Position,
@@ -92,3 +92,35 @@ def test_the_journal_forgets_training_digests_no_kept_checkpoint_can_replay(tmp_
     # digests from step 8 on and the preparation's release stay checkable, older ones are gone
     assert set(journal.sent) == {"one-shot-0/0", *(f"train-0/{s}" for s in range(8, 12))}
     assert len((tmp_path / "releases.jsonl").read_text().splitlines()) == 13  # the file keeps all
+
+
+def test_run_files_written_before_the_classes_moved_still_load(tmp_path: Path, monkeypatch) -> None:
+    """A run interrupted under a release where Release lived in party_a/trainer.py and Checkpoint in
+    party_a/run_checkpoint.py resumes under this one (issue #22 moved both)."""
+    import dataclasses
+    import sys
+    import types
+
+    from vesper.party_a.run import checkpoint_files
+    from vesper.party_a.run.release import Release
+
+    old_trainer = types.ModuleType("vesper.party_a.trainer")
+    old_release = dataclasses.make_dataclass("Release", [f.name for f in dataclasses.fields(Release)], frozen=True)
+    old_release.__module__ = old_trainer.__name__
+    old_trainer.Release = old_release
+    old_checkpoints = types.ModuleType("vesper.party_a.run_checkpoint")
+    for name in ("Checkpoint", "Position"):
+        cls = getattr(checkpoint_files, name)
+        copy = dataclasses.make_dataclass(name, [f.name for f in dataclasses.fields(cls)])
+        copy.__module__ = old_checkpoints.__name__
+        setattr(old_checkpoints, name, copy)
+    monkeypatch.setitem(sys.modules, old_trainer.__name__, old_trainer)
+    monkeypatch.setitem(sys.modules, old_checkpoints.__name__, old_checkpoints)
+    position = old_checkpoints.Position(3, 0, 1, [torch.arange(2)], torch.zeros(1))
+    torch.save({"release": old_release([], 1.5, 1.0, 1, {}), "position": position}, tmp_path / "old.pt")
+    monkeypatch.delitem(sys.modules, old_trainer.__name__)
+    monkeypatch.delitem(sys.modules, old_checkpoints.__name__)
+
+    loaded = checkpoint_files._load(tmp_path / "old.pt")
+    assert type(loaded["release"]) is Release and loaded["release"].noise_std == 1.5
+    assert type(loaded["position"]) is checkpoint_files.Position and loaded["position"].step == 3

@@ -7,7 +7,7 @@
 2. One ``Machine`` model for both benchmark reports; soak reports written with the old
    ``cpus`` key still load.
 3. Checkpoints written while ``Checkpoint`` still had its unused ``extra`` field still load.
-4. StepTimings lives in party_a.step_timings; the trainer uses the same objects.
+4. StepTimings lives in party_a.run.step_timings; the trainer uses the same objects.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from vesper.benchmarks.harness import Machine
+from vesper.benchmarks.soak_bench import SoakReport
 from vesper.common.config import PartyAConfig, PartyBConfig
-from vesper.coordinator.machine_info import Machine
 from vesper.coordinator.processes import start_service, write_section
-from vesper.coordinator.soak_bench import SoakReport
-from vesper.party_a import step_timings, trainer
-from vesper.party_a.run_checkpoint import Checkpoint, Position, RunFiles
+from vesper.party_a.run import step_loop, step_timings
+from vesper.party_a.run.checkpoint_files import Checkpoint, Position, RunFiles
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -89,10 +89,10 @@ def test_a_checkpoint_that_still_carries_extra_loads(tmp_path: Path) -> None:
 
 # -- 4. StepTimings moved, not changed --------------------------------------------------------
 def test_the_trainer_uses_the_step_timings_module(tmp_path: Path) -> None:
-    assert trainer.StepTimings is step_timings.StepTimings
-    assert trainer.STEP_TIMINGS_FILE == step_timings.STEP_TIMINGS_FILE == "step_timings.json"
-    assert isinstance(trainer._NO_TIMER, step_timings.StepTimings)
-    assert not hasattr(trainer, "PIPELINE_ENV") and not hasattr(trainer, "pipelining")
+    assert step_loop.StepTimings is step_timings.StepTimings
+    assert step_loop.STEP_TIMINGS_FILE == step_timings.STEP_TIMINGS_FILE == "step_timings.json"
+    assert isinstance(step_loop._NO_TIMER, step_timings.StepTimings)
+    assert not hasattr(step_loop, "PIPELINE_ENV") and not hasattr(step_loop, "pipelining")
     timings = step_timings.StepTimings()
     timings.begin()
     timings.mark("release")

@@ -9,10 +9,10 @@ import torch
 
 from vesper.accountant.budget import Accountant
 from vesper.accountant.ledger_store import LedgerStore
+from vesper.benchmarks import signal_to_noise as snr
 from vesper.common.config import RunConfig
 from vesper.common.dataset_files import resolve_dataset
-from vesper.coordinator import signal_to_noise as snr
-from vesper.party_a.trainer import GraphData
+from vesper.party_a.run import GraphData
 
 
 def test_profile_matches_the_accountant_and_the_graph(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e import vesper
-from vesper.coordinator.soak_bench import (
+from vesper.benchmarks.soak_bench import (
     EXIT_GOAL_FAILED,
     ProcessGone,
     ProcessSample,

@@ -1,4 +1,4 @@
-"""Tests of the synthetic CSBM generator in ``vesper.coordinator.synthetic``.
+"""Tests of the synthetic CSBM generator in ``vesper.benchmarks.synthetic``.
 
 Other tests and the scale runs rely on the generator's promises. Each promise has a
 check here: exact edge counts and homophily, isolated nodes that really have no edge,
@@ -17,14 +17,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vesper.common.dataset_files import load_graph_part, load_label_part
-from vesper.common.splits import split_for
-from vesper.coordinator.synthetic import (
+from vesper.benchmarks.synthetic import (
     SyntheticGraph,
     SyntheticSpec,
     generate,
     save_npz,
 )
+from vesper.common.dataset_files import load_graph_part, load_label_part
+from vesper.common.splits import split_for
 
 KEYS = {"node_features", "node_labels", "edges", "train_masks", "val_masks", "test_masks"}
 

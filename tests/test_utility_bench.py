@@ -15,11 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
+from vesper.benchmarks import extractor_sweep as sweep
+from vesper.benchmarks import findings
+from vesper.benchmarks import utility_bench as bench
+from vesper.benchmarks.extractor_table import TableRow, append_row, read_rows
 from vesper.common.config import Metric, RunConfig, RunSummary
-from vesper.coordinator import extractor_sweep as sweep
-from vesper.coordinator import findings
-from vesper.coordinator import utility_bench as bench
-from vesper.coordinator.extractor_table import TableRow, append_row, read_rows
 
 TRAITS = {
     "mlp": sweep.ExtractorTraits(name="mlp", cost_model="none"),

@@ -13,7 +13,7 @@ function of the ledger alone::
     ε = ε( Composed[ SelfComposed(event_kind, #counted rows of that kind) ], δ )
 
 under the run's accountant (``pld`` or ``rdp``). Under ``hidden-batch`` the paper's
-own bound (VESPER Theorem 2.1, bound (6) with Lemma 2) is computed from the same rows
+own bound ([VESPER, Thm. 2.1]: [VESPER, bound (6)] with [VESPER, Lemma 2]) is computed from the same rows
 too, and the run is charged the larger of the two numbers.
 
 Party B's label ledgers (accounting ``labels``, privacy unit ``label``) use the same rule
@@ -36,14 +36,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from vesper.common.privacy.accounting import epsilon_of
 from vesper.common.privacy.events import EventError, check_mixture, event_from_json
-from vesper.common.privacy.theorem21 import hidden_batch_bound6_epsilon
+from vesper.common.privacy.hidden_batch_reproduction import hidden_batch_bound6_epsilon
+from vesper.common.privacy.names import AccountantName
 from vesper.common.versioning import Report
 
 # interrupted: a peer vanished mid-run; party A may reopen it and resume from its checkpoint
 RunState = Literal["active", "interrupted", "completed", "failed", "refused", "cancelled"]
 Kind = Literal["train", "eval", "one-shot", "pre-train"]
 AccountingMode = Literal["visible-batch", "hidden-batch", "labels"]
-AccountantName = Literal["pld", "rdp"]
 KINDS: tuple[Kind, ...] = ("train", "eval", "one-shot", "pre-train")
 # Party B's label ledgers: this privacy unit always goes with this accounting mode, and back
 LABEL_UNIT = "label"
@@ -118,7 +118,7 @@ class PlanRule(_Record):
 
     ``exponential``: one round of an exponential mechanism whose bounded-range parameter
     is ε0 = 1/(noise_scale·z); an ε0-bounded-range mechanism is ε0²/8-zCDP (Cesar & Rogers
-    2021), so the event is ``ZCDpEvent(ε0²/8)`` (docs/extractors/dpar.md, section 4).
+    [CR21]), so the event is ``ZCDpEvent(ε0²/8)`` (docs/extractors/dpar.md, section 4).
 
     ``mixture-of-gaussians``: a Gaussian of std noise_scale·z whose sensitivity is random,
     ``sensitivities[i]`` with probability ``sampling_probs[i]`` (dp-accounting's
@@ -264,7 +264,7 @@ def composed_event(events: Mapping[str, dpa.DpEvent], counted: Mapping[str, int]
 
 
 def check_hidden_batch_events(events: Mapping[str, dpa.DpEvent]) -> None:
-    """Theorem 2.1 covers sampled Gaussian training steps and unsampled Gaussian releases:
+    """[VESPER, Thm. 2.1] covers sampled Gaussian training steps and unsampled Gaussian releases:
     the evaluation sweep, and one-shot releases made once over the whole graph (GAP's
     hops), which nothing hides either."""
     train = events.get("train")
@@ -335,10 +335,10 @@ def check_no_label_mechanisms(events: Mapping[str, dpa.DpEvent]) -> None:
 
 
 def samples_training_steps(events: Mapping[str, dpa.DpEvent]) -> bool:
-    """Whether the run's training steps are sampled releases, the only ones Theorem 2.1 speaks to.
+    """Whether the run's training steps are sampled releases, the only ones [VESPER, Thm. 2.1] speaks to.
 
     A run whose training releases are no-op (a one-shot extractor such as GAP: its hops are
-    computed once over the whole graph) samples nothing, so bound (6) has nothing to add
+    computed once over the whole graph) samples nothing, so [VESPER, bound (6)] has nothing to add
     to the exact composition of its Gaussian events, and is not computed.
     """
     train = events.get("train", dpa.NoOpDpEvent())
@@ -346,7 +346,7 @@ def samples_training_steps(events: Mapping[str, dpa.DpEvent]) -> bool:
 
 
 def bound6_epsilon(events: Mapping[str, dpa.DpEvent], counted: Mapping[str, int], delta: float) -> tuple[float, int | None]:
-    """VESPER bound (6) + Lemma 2 over the counted rows (docs/accounting.md).
+    """[VESPER, bound (6)] + [VESPER, Lemma 2] over the counted rows (docs/accounting.md).
 
     Sampled training steps enter bound (6); every unsampled Gaussian release (evaluation
     sweep, one-shot) adds its Gaussian RDP before the conversion.

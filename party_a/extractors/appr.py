@@ -1,20 +1,20 @@
-"""DP-APPR: differentially private top-K personalised-PageRank neighbourhoods (DPAR, Section 3.1).
+"""DP-APPR: differentially private top-K personalised-PageRank neighbourhoods [DPAR, §3.1].
 
 The core shared by the ``dpar-edge`` and ``dpar-node`` extractors. For a set of source
 nodes s it computes, in batches of sources (memory O(batch x N), never an N x N matrix):
 
-1. the APPR vector p_s of every source with ISTA (DPAR Algorithm 1 line 4, i.e.
-   Fountoulakis et al. 2019, Algorithm 3; docs/extractors/dpar.md eq. I1),
+1. the APPR vector p_s of every source with ISTA ([DPAR, Alg. 1, line 4], i.e.
+   Fountoulakis et al. [FRS+19, Alg. 3]; docs/extractors/dpar.md eq. I1),
 2. the clipped utility scores u_sj = min(p_sj, C), the source itself excluded
-   (Algorithm 1 line 6; eq. C1),
+   ([DPAR, Alg. 1, line 6]; eq. C1),
 3. a private top-K of each row, either
    * ``exponential``: the exponential mechanism run K times without replacement, drawn
-     as one-shot Gumbel noise of scale b on every score (Algorithm 1 lines 8-10; Durfee &
-     Rogers 2019, which also prove the K-round / one-shot equivalence), or
+     as one-shot Gumbel noise of scale b on every score ([DPAR, Alg. 1, lines 8-10]; Durfee &
+     Rogers [DR19], which also prove the K-round / one-shot equivalence), or
    * ``gaussian``: report-noisy-top-K, Gaussian noise N(0, σ²) on every clipped score and
-     the K largest noisy scores (Algorithm 3 lines 8-10, on the element-clipped scores).
+     the K largest noisy scores ([DPAR, Alg. 3, lines 8-10], on the element-clipped scores).
 
-plus column clipping of the released sparse matrix (Algorithm 2 line 3), the
+plus column clipping of the released sparse matrix ([DPAR, Alg. 2, line 3]), the
 post-processing that bounds each node's total weight over all neighbourhoods.
 
 The sensitivities the accountant is charged are derived in docs/extractors/dpar.md
@@ -136,7 +136,7 @@ def _sparse_threshold(x: torch.Tensor, theta: torch.Tensor | None) -> torch.Tens
 
 
 def _csr_to_dense(x: torch.Tensor) -> torch.Tensor:
-    """A sparse CSR matrix as a dense one: one scatter (torch's to_dense is ~5x slower here)."""
+    """A sparse CSR matrix as a dense one: one scatter (torch's to_dense is slower here: docs/performance-notes.md)."""
     crow = x.crow_indices()
     rows = torch.repeat_interleave(torch.arange(x.shape[0], device=x.device), crow[1:] - crow[:-1])
     out = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
@@ -149,7 +149,7 @@ def ista_step(
 ) -> torch.Tensor:
     """One ISTA iteration in p-coordinates (eq. I1): p ← S_θ((1 − α) p P + α e_s), θ_j = ραd_j.
 
-    This is Fountoulakis et al.'s Algorithm 3 (proximal gradient, step 1) for
+    This is Fountoulakis et al.'s [FRS+19, Alg. 3] (proximal gradient, step 1) for
     min_q ½ qᵀ(I − (1−α)D^{-½}AD^{-½})q − α⟨D^{-½}e_s, q⟩ + ρα‖D^{½}q‖₁ written for
     p = D^{½}q; with ρ = 0 it is the power series of PPR, α Σ_t (1−α)^t e_s P^t.
     The result stays sparse CSR while it has few non-zeros, otherwise it is dense.
@@ -173,7 +173,7 @@ def ista_step(
 
 
 def ista_appr(op: WalkOperator, sources: torch.Tensor, alpha: float, rho: float, iterations: int) -> torch.Tensor:
-    """p_s = p^T of ISTA from p^0 = 0 for every source (DPAR Algorithm 1 line 4), dense rows [B, N].
+    """p_s = p^T of ISTA from p^0 = 0 for every source [DPAR, Alg. 1, line 4], dense rows [B, N].
 
     The number of iterations T is fixed in advance, never a data-dependent tolerance:
     the sensitivity bound (dpar.md, Lemma 3) holds for every T, but a stopping rule that
@@ -201,7 +201,7 @@ def ista_appr(op: WalkOperator, sources: torch.Tensor, alpha: float, rho: float,
 
 # -- clipping (eq. C1) and the private top-K ------------------------------------------------
 def clip_scores(p: torch.Tensor, sources: torch.Tensor, clip: float) -> torch.Tensor:
-    """u_sj = min(p_sj, C) (DPAR Algorithm 1 line 6), and u_ss = −∞: s is never its own candidate.
+    """u_sj = min(p_sj, C) [DPAR, Alg. 1, line 6], and u_ss = −∞: s is never its own candidate.
 
     Excluding s is data-independent; the root's own representation reaches B separately.
     In place on ``p``.
@@ -240,8 +240,8 @@ def gumbel_top_k(
 ) -> torch.Tensor:
     """K rounds of the exponential mechanism, Pr[j] ∝ exp(u_sj / b), without replacement.
 
-    Drawn as the K largest of u + Gumbel(b) (one-shot Gumbel; Durfee & Rogers 2019,
-    Lemma 4.2: the same distribution over ordered K-tuples as K peeling rounds). Only the
+    Drawn as the K largest of u + Gumbel(b) (one-shot Gumbel; Durfee & Rogers
+    [DR19, Lemma 4.2]: the same distribution over ordered K-tuples as K peeling rounds). Only the
     indices are released. b = 0: exact top-K. Adds the noise to ``u`` in place.
     """
     if scale > 0:
@@ -256,7 +256,7 @@ def _noise_source(source: NoiseSource | None) -> NoiseSource:
 
 
 def clip_columns(indices: torch.Tensor, weights: torch.Tensor, num_nodes: int, tau: float) -> torch.Tensor:
-    """Π_{:,j} ← Π_{:,j} / max(1, ‖Π_{:,j}‖₁ / τ) on the sparse top-K matrix (Algorithm 2, line 3).
+    """Π_{:,j} ← Π_{:,j} / max(1, ‖Π_{:,j}‖₁ / τ) on the sparse top-K matrix [DPAR, Alg. 2, line 3].
 
     ``indices``/``weights`` [S, K] are row s's selected nodes and their non-negative
     weights. Afterwards every node j carries total weight ≤ τ over all neighbourhoods,
@@ -302,7 +302,7 @@ def private_top_k(
     source: NoiseSource | None,
     batch_elements: int = DEFAULT_BATCH_ELEMENTS,
 ) -> TopK:
-    """DP-APPR over ``sources`` (DPAR Algorithms 1 and 3 on element-clipped scores), batched.
+    """DP-APPR over ``sources`` ([DPAR, Algs. 1 and 3] on element-clipped scores), batched.
 
     ``noise`` is σ of the Gaussian (mechanism "gaussian") or the Gumbel scale b
     ("exponential"); 0 releases the exact top-K (ε = ∞). K is capped at N − 1, the
@@ -344,7 +344,7 @@ class ApprChange:
 def appr_change(alpha: float, rho: float, num_sources: int, edges_changed: int = 1) -> ApprChange:
     """Bounds on the total change of {p_s} when ``edges_changed`` undirected edges differ.
 
-    One edge (Theorem 1): Σ_s ‖Δp_s‖₁ ≤ 4(1−α)/α + 2ρ·|S| (D1) and, for ρ = 0,
+    One edge (dpar.md, Theorem 1): Σ_s ‖Δp_s‖₁ ≤ 4(1−α)/α + 2ρ·|S| (D1) and, for ρ = 0,
     Σ_s ‖Δp_s‖_∞ ≤ 2(1−α)/α (D2); for ρ > 0 the ℓ1 bound is used for both. m edges:
     m times each, by the triangle inequality along a path of single-edge changes (each
     step's bound holds for whatever graph it starts from).

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, get_args, runtime_checkable
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -48,6 +48,7 @@ from torch import nn
 
 from vesper.common.config import RunConfig
 from vesper.common.privacy.ledger import PlannedPass, PlanRule
+from vesper.common.privacy.names import AccountantName
 from vesper.party_a.graph_store import Graph
 from vesper.party_a.keyed_dropout import DropoutKey, draw_dropout_key
 from vesper.party_a.noise import NoiseSource
@@ -75,7 +76,7 @@ class ExtractorSpec(BaseModel):
     params: type[BaseModel] = NoParams  # extractor.params, validated by this model
     uses: tuple[str, ...] = ()  # which shared extractor.* fields it reads (layers, dim, fanout, ...)
     accountings: tuple[str, ...] = ("visible-batch",)
-    accountants: tuple[str, ...] = ("pld", "rdp")  # privacy.accountant values its DpEvents support
+    accountants: tuple[str, ...] = get_args(AccountantName)  # privacy.accountant values its DpEvents support
     relation: str = ""  # the neighbouring relation in words, recorded with every run (default by unit)
     edge_sampling: bool = False  # whether privacy.edge_sample_rate is supported
     docs: str = ""  # path of its docs page, relative to the repository

@@ -1,6 +1,6 @@
 """DPAR at edge level as a party-A plugin: private top-K APPR neighbourhoods, released once.
 
-DPAR (``shared/seeds/dpar.txt``) decouples a GNN into a private neighbourhood selection
+DPAR ([DPAR], ``shared/seeds/dpar.txt``) decouples a GNN into a private neighbourhood selection
 and a feature model. In the two-party protocol, with A's edges as the privacy unit:
 
 1. **One-shot release** (prepare): for every node B may ask about (train ∪ val ∪ test),

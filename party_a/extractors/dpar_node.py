@@ -1,4 +1,4 @@
-"""DPAR with node-level DP (dpar.txt), as a party-A plugin: "as in the paper, plus noise on
+"""DPAR with node-level DP ([DPAR], dpar.txt), as a party-A plugin: "as in the paper, plus noise on
 the forward release" (shared/design/privacy.md). Derivations: docs/extractors/dpar-node.md.
 
 Privacy unit: one of A's nodes — its feature vector and all its edges — under
@@ -9,21 +9,21 @@ node is two such steps (twice every sensitivity below).
 
 What A does, in order (section numbers of the docs page):
 
-1. **One-shot: DP-APPR top-K** (the paper's DP-APPR-GM, Algorithm 3). For every root B
+1. **One-shot: DP-APPR top-K** (the paper's DP-APPR-GM, [DPAR, Alg. 3]). For every root B
    may ask about, the approximate personalised PageRank vector p_s (ISTA, shared core
    ``party_a.extractors.appr``), the root itself excluded, clipped to ‖û_s‖₂ ≤ C₁, plus
    N(0, σ₁²) on every entry; the K largest noisy entries are the root's neighbourhood.
    One Gaussian release of sensitivity √(2|S|) C₁ (eq. A-S), charged before any use.
 2. **Neighbourhood weights** (post-processing of step 1): root s gives itself weight β and
    its K neighbours 1 − β; then every column u of the weight matrix W is clipped to
-   ‖W_{:,u}‖₁ ≤ τ₁ and ‖W_{:,u}‖₂ ≤ τ₂ (the paper's Algorithm 2 line 3, plus the ℓ2 clip
+   ‖W_{:,u}‖₁ ≤ τ₁ and ‖W_{:,u}‖₂ ≤ τ₂ ([DPAR, Alg. 2, line 3], plus the ℓ2 clip
    that the forward release needs).
 3. **Forward release, per step** (what the paper leaves unprotected): with the per-node
    encoder h_u = f_θ(x_u), ‖h_u‖ ≤ 1 (E1),
 
        (F1)  ẽ_s = Σ_u W_su h_u + N(0, σ_f² I),   σ_f = z_f τ₂                  B x d x 1
 
-4. **DP-SGD at A** (Algorithm 2 lines 7-14, with the clipping unit moved from the root to
+4. **DP-SGD at A** ([DPAR, Alg. 2, lines 7-14], with the clipping unit moved from the root to
    the node, so that the column norms bound it): with g_s B's gradient of root s's loss,
 
        (G1)  ψ_u = J_θ[h_u]ᵀ Σ_{s ∈ step} W_su g_s,      m_u = Σ_{s ∈ step} W_su
@@ -101,7 +101,7 @@ class DparNodeParams(BaseModel):
     column_l1: float = Field(
         1.0, gt=0.0,
         description="τ₁, clip of every column's ℓ1 norm of the weight matrix (one node's total weight over all "
-        "roots), which bounds its share of the DP-SGD gradients (the paper's τ, Algorithm 2 line 3)",
+        "roots), which bounds its share of the DP-SGD gradients (the paper's τ, [DPAR, Alg. 2] line 3)",
     )
     column_l2: float = Field(
         0.6, gt=0.0,
@@ -217,7 +217,7 @@ def gradient_pass_sensitivity(grad_clip: float, column_l1: float) -> float:
 
 # -- step 1: the private top-K (the paper's DP-APPR-GM) ---------------------------------------------
 def clip_rows(scores: torch.Tensor, clip: float) -> torch.Tensor:
-    """û_s = u_s / max(1, ‖u_s‖₂ / C₁) (Algorithm 3, line 6); −∞ (the excluded source) stays −∞."""
+    """û_s = u_s / max(1, ‖u_s‖₂ / C₁) [DPAR, Alg. 3, line 6]; −∞ (the excluded source) stays −∞."""
     finite = torch.where(torch.isfinite(scores), scores, torch.zeros_like(scores))
     scale = torch.clamp(clip / finite.norm(dim=1).clamp(min=torch.finfo(scores.dtype).tiny), max=1.0)
     return scores * scale[:, None]

@@ -1,4 +1,4 @@
-"""GAP (Sajadmanesh et al., USENIX Security 2023) as a party-A plugin: aggregation perturbation.
+"""GAP (Sajadmanesh et al., USENIX Security 2023 [GAP]) as a party-A plugin: aggregation perturbation.
 
 GAP has three modules, mapped onto the two-party protocol as follows:
 
@@ -20,7 +20,7 @@ GAP has three modules, mapped onto the two-party protocol as follows:
 Under ``hidden-batch`` the plan is the visible-batch plan, charged identically: the hops
 are computed once over the whole graph, nothing is sampled, so there is no amplification
 to credit (docs/extractors/gap.md, section 4.1). The VESPER paper's hidden-batch GAP is a
-per-batch variant (PMP-GIN without learnable parameters under its Theorem 2.1), which this
+per-batch variant (PMP-GIN without learnable parameters under [VESPER, Thm. 2.1]), which this
 implementation is not: its numbers are not comparable one to one.
 """
 
@@ -76,7 +76,7 @@ HIDDEN_BATCH_NOTE = (
     "hidden-batch charges GAP exactly as visible-batch: the K hops are computed once over the whole "
     "graph and nothing is sampled, so no subsampling amplification applies and the hidden-batch ε of GAP "
     "equals its visible-batch ε. The VESPER paper's hidden-batch GAP is a different mechanism: a per-batch "
-    "aggregation perturbation (PMP-GIN without learnable parameters) amplified by Theorem 2.1's γ in every "
+    "aggregation perturbation (PMP-GIN without learnable parameters) amplified by [VESPER, Thm. 2.1]'s γ in every "
     "step; its numbers are not comparable one to one with this one-shot GAP, which takes no amplification "
     "credit (docs/extractors/gap.md, section 4.1)."
 )

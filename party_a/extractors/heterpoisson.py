@@ -1,22 +1,22 @@
-"""HeterPoisson (Xiang, Wang & Wang, "Preserving Node-level Privacy in Graph Neural Networks"),
+"""HeterPoisson (Xiang, Wang & Wang, "Preserving Node-level Privacy in Graph Neural Networks" [HeterPoisson]),
 node-level DP, as a party-A plugin. Derivations: docs/extractors/heterpoisson.md.
 
 Privacy unit: one of A's nodes — its features, label-free, and all its edges — under
 **replace-with-null** (dp-accounting's ``REPLACE_SPECIAL``): in the neighbouring graph the
 node keeps its public id but has zero features and no edges. A's degree table is treated
-as public and the same in both graphs (the paper's Section 3 model). Replacing a node by
+as public and the same in both graphs (the paper's model, [HeterPoisson, §3]). Replacing a node by
 another node is covered by group privacy at twice every sensitivity, which is NOT charged.
 
 Per step, with R the step's roots (Poisson at q_b, seen by B; section numbers of the docs):
 
-1. **Sampler** (Algorithms 2-3, ``heterpoisson_sampler``): neighbours kept w.p.
+1. **Sampler** ([HeterPoisson, Algs. 2-3], ``heterpoisson_sampler``): neighbours kept w.p.
    min(1, M/deg), central nodes masked out of every other sub-graph.
 2. **Forward release** (what B needs; the paper releases only gradients):
 
        (E1)  h_r = C_f · normalize(f_θ(x_r, a_r)),   a_r = mean of G_r's peripherals' features
        (F1)  e_r = h_r + N(0, σ_f² I_d),   σ_f = z · 2C_f / √ρ                       B x d x 1
 
-3. **A's update** (Algorithm 1 lines 4-9), with g_r B's gradient of root r's loss:
+3. **A's update** ([HeterPoisson, Alg. 1, lines 4-9]), with g_r B's gradient of root r's loss:
 
        (G1)  ψ̂_r = ψ_r · min(1, C_g / ‖ψ_r‖),   ψ_r = J_θ[h_r]ᵀ g_r   (per sub-graph)
        (G2)  g̃ = (Σ_{r ∈ R} ψ̂_r + N(0, σ_g² I)) / |R|,   σ_g = z · 2C_g / √(1 − ρ)
@@ -78,16 +78,16 @@ class HeterPoissonParams(BaseModel):
 
     multiplier: float = Field(
         1.0, gt=0.0, le=1e6,
-        description="M of Algorithm 3: a root keeps each neighbour j w.p. min(1, M / deg(j)), so a node whose "
+        description="M of [HeterPoisson, Alg. 3]: a root keeps each neighbour j w.p. min(1, M / deg(j)), so a node whose "
         "neighbours are all roots of a step is in M of their sub-graphs on average; the charged law grows with M",
     )
     root_rate: float | None = Field(
         None, gt=0.0, le=1.0,
-        description="q_b of Algorithm 2: each train root is a central node of a step w.p. q_b (default "
+        description="q_b of [HeterPoisson, Alg. 2]: each train root is a central node of a step w.p. q_b (default "
         "batch_size / |train|). B sees the roots, so q_b earns no privacy credit",
     )
     embedding_clip: float = Field(1.0, gt=0.0, description="C_f: every sub-graph embedding h_r has norm C_f (E1)")
-    grad_clip: float = Field(1.0, gt=0.0, description="C_g: clip of every per-sub-graph gradient (Algorithm 1 line 6)")
+    grad_clip: float = Field(1.0, gt=0.0, description="C_g: clip of every per-sub-graph gradient ([HeterPoisson, Alg. 1] line 6)")
     forward_share: float = Field(
         0.5, gt=0.0, le=1.0,
         description="ρ: share of each step's privacy (precision 1/z²) spent on the forward release; the rest goes "
@@ -297,12 +297,12 @@ class HeterPoissonExtractor(ExtractorBase):
         self.forward_std = 0.0 if noise_multiplier is None else noise_multiplier * forward
         self.gradient_std = 0.0 if noise_multiplier is None or gradient is None else noise_multiplier * gradient
 
-    # -- the sampler (Algorithms 2-3) ---------------------------------------------------------
+    # -- the sampler ([HeterPoisson, Algs. 2-3]) -------------------------------------------
     def root_rate(self, train_roots: int, batch_size: int) -> float:
         return self.params.root_rate or default_rate(batch_size, train_roots)
 
     def root_batches(self, train_ids: torch.Tensor, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
-        """Algorithm 2 lines 3-6: ceil(|train|/batch_size) independent Poisson samples at q_b.
+        """[HeterPoisson, Alg. 2, lines 3-6]: ceil(|train|/batch_size) independent Poisson samples at q_b.
 
         ``generator`` is the trainer's public root-order generator: B sees the roots anyway.
         """

@@ -1,17 +1,17 @@
 """HeterPoisson's sampler (Xiang, Wang & Wang, "Preserving Node-level Privacy in Graph Neural
-Networks", Algorithms 2 and 3), vectorised over party A's CSR graph.
+Networks" [HeterPoisson, Algs. 2 and 3]), vectorised over party A's CSR graph.
 
 One call of :func:`heter_poisson` builds the paper's sub-graph container G for one step:
 
-* **central nodes** (Algorithm 2, lines 3-6): each train id is a root independently with
+* **central nodes** ([HeterPoisson, Alg. 2, lines 3-6]): each train id is a root independently with
   probability q_b (:func:`poisson_root_batches`, the extractor's ``root_batches`` hook).
   B sees every batch's ids, so this earns no amplification and none is credited
   (docs/extractors/heterpoisson.md, section 3);
-* **NeighborSampling** (Algorithm 3): every neighbour j of every root is kept
+* **NeighborSampling** ([HeterPoisson, Alg. 3]): every neighbour j of every root is kept
   independently with probability min(1, M / D_ot^j), D_ot^j from A's *degree table* of the
   whole graph (:func:`keep_probabilities`). The table is public in this guarantee and the
-  same in both neighbouring graphs, as in the paper's model (its Section 3);
-* **masking** (Algorithm 2, lines 14-23): a kept neighbour that is itself a root of the
+  same in both neighbouring graphs, as in the paper's model [HeterPoisson, §3];
+* **masking** ([HeterPoisson, Alg. 2, lines 14-23]): a kept neighbour that is itself a root of the
   batch is dropped (:func:`mask_central_nodes`). The paper zeroes its features; dropping it
   makes "root" and "peripheral" exclusive with no residual node, so a node appears in a
   step's sub-graphs either once as a root or only as peripherals.
@@ -35,7 +35,7 @@ Coins = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 @dataclass(frozen=True)
 class SubgraphBatch:
-    """The container G of Algorithm 2: one star sub-graph G_i per central node i."""
+    """The container G of [HeterPoisson, Alg. 2]: one star sub-graph G_i per central node i."""
 
     roots: torch.Tensor  # [B] int64, the central nodes, in the order B receives them
     owner: torch.Tensor  # [P] int64, position in ``roots`` of each kept peripheral's sub-graph
@@ -51,7 +51,7 @@ class SubgraphBatch:
 def poisson_root_batches(
     train_ids: torch.Tensor, rate: float, batches: int, generator: torch.Generator
 ) -> list[torch.Tensor]:
-    """Algorithm 2, lines 3-6, ``batches`` times: each train id is a central node w.p. q_b.
+    """[HeterPoisson, Alg. 2, lines 3-6], ``batches`` times: each train id is a central node w.p. q_b.
 
     One independent Poisson sample per batch (a root may recur across the batches of an
     epoch, or be absent from all of them; the accounting counts every release).
@@ -63,7 +63,7 @@ def poisson_root_batches(
 
 
 def candidate_neighbours(graph: Graph, roots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(owner, neighbour) of every edge (i, j) with i a root: the sets 𝒩ℬ(i) of Algorithm 2, line 8."""
+    """(owner, neighbour) of every edge (i, j) with i a root: the sets 𝒩ℬ(i) of [HeterPoisson, Alg. 2, line 8]."""
     starts = graph.indptr[roots]
     counts = graph.indptr[roots + 1] - starts
     owner = torch.repeat_interleave(torch.arange(roots.numel(), device=roots.device), counts)
@@ -73,7 +73,7 @@ def candidate_neighbours(graph: Graph, roots: torch.Tensor) -> tuple[torch.Tenso
 
 
 def keep_probabilities(degrees: torch.Tensor, neighbours: torch.Tensor, multiplier: float) -> torch.Tensor:
-    """min(1, M / D_ot^j) for each candidate j (Algorithm 3, lines 5-6).
+    """min(1, M / D_ot^j) for each candidate j [HeterPoisson, Alg. 3, lines 5-6].
 
     ``degrees`` is the degree table of the whole graph. A candidate is someone's
     neighbour, so its degree is ≥ 1 (the clamp only guards a malformed table).
@@ -82,12 +82,12 @@ def keep_probabilities(degrees: torch.Tensor, neighbours: torch.Tensor, multipli
 
 
 def neighbour_sampling(keep: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Algorithm 3: candidate j kept iff its own coin p < min(1, M / D_ot^j), independently."""
+    """[HeterPoisson, Alg. 3]: candidate j kept iff its own coin p < min(1, M / D_ot^j), independently."""
     return uniforms.to(keep.dtype) < keep
 
 
 def mask_central_nodes(roots: torch.Tensor, neighbours: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    """Algorithm 2, lines 14-23: False for a peripheral that is a central node of the batch.
+    """[HeterPoisson, Alg. 2, lines 14-23]: False for a peripheral that is a central node of the batch.
 
     The paper zeroes such a node's features inside G_i; here it is dropped from G_i, so
     that it appears in the step once, as its own root.
@@ -109,7 +109,7 @@ def secret_coins(generator: torch.Generator) -> Coins:
 def heter_poisson(
     graph: Graph, degrees: torch.Tensor, roots: torch.Tensor, multiplier: float, coins: Coins
 ) -> SubgraphBatch:
-    """Algorithm 2 after its root sampling: NeighborSampling for every root, then masking.
+    """[HeterPoisson, Alg. 2] after its root sampling: NeighborSampling for every root, then masking.
 
     ``roots`` are the step's central nodes (drawn by :func:`poisson_root_batches`, or an
     evaluation chunk); ``coins(root_ids, neighbour_ids)`` gives one Uniform(0, 1) per

@@ -1,15 +1,15 @@
 """Perturbed message passing (PMP): VESPER's private representation extractor.
 
-One layer l, for every node v the step computes (Algorithm 1 steps 7-9; Algorithm 2
+One layer l, for every node v the step computes ([VESPER, Alg. 1, steps 7-9]; [VESPER, Alg. 2]
 for the truncated GCN; docs/privacy.md section 2 for why vesper's form differs):
 
     a_v    = Σ_{u ∈ N_s(v)} β_uv h_u^(l-1)            the edge-dependent aggregate
-    ǎ_v    = a_v + N(0, θ² I)                          the Gaussian mechanism (eq. 34's noise)
+    ǎ_v    = a_v + N(0, θ² I)                          the Gaussian mechanism ([VESPER, eq. 34]'s noise)
     h_v^(l) = normalize(relu(W_self h_v^(l-1) + W_agg ǎ_v))
 
 * PMP-GIN: β_uv = 1.
 * PMP-GCN with truncated message passing: β_uv = 1[d̂_v ≥ D_min] / √((d̂_v+1)(d̂_u+1)),
-  d̂ = min(degree, D); nodes below D_min receive no messages (Algorithm 2, step 6),
+  d̂ = min(degree, D); nodes below D_min receive no messages ([VESPER, Alg. 2, step 6]),
   only noise, and keep their own representation through W_self.
 * MLP: no aggregate, no edges, nothing to charge.
 
@@ -79,7 +79,7 @@ def block_messages(block: Block, weight: torch.Tensor | None, dtype: torch.dtype
 
 
 def gcn_weights(block: Block, capped_degree: torch.Tensor, d_min: int, dtype: torch.dtype) -> torch.Tensor:
-    """β_uv = 1[d̂_v ≥ D_min] / √((d̂_v+1)(d̂_u+1)) per message (eq. 33, neighbour part)."""
+    """β_uv = 1[d̂_v ≥ D_min] / √((d̂_v+1)(d̂_u+1)) per message ([VESPER, eq. 33], neighbour part)."""
     # index_select: advanced indexing (x[i]) is several times slower on CPU
     degree_src = capped_degree.index_select(0, block.src_nodes).to(dtype)
     degree_dst = degree_src[: block.dst_count]  # the destinations are the first sources
@@ -108,7 +108,7 @@ def gin_aggregate(block: Block, h_src: torch.Tensor) -> torch.Tensor:
 
 
 def gcn_aggregate(block: Block, h_src: torch.Tensor, capped_degree: torch.Tensor, d_min: int) -> torch.Tensor:
-    """a_v = 1[d̂_v ≥ D_min] Σ_{u ∈ N_s(v)} h_u / √((d̂_v+1)(d̂_u+1))  (eq. 33, neighbour part)."""
+    """a_v = 1[d̂_v ≥ D_min] Σ_{u ∈ N_s(v)} h_u / √((d̂_v+1)(d̂_u+1))  ([VESPER, eq. 33], neighbour part)."""
     return _sum_messages(block, h_src, block_messages(block, gcn_weights(block, capped_degree, d_min, h_src.dtype), h_src.dtype))
 
 

@@ -14,8 +14,8 @@ from typing import ClassVar
 
 import torch
 
+from vesper.common.privacy.hidden_batch_reproduction import theorem21_gamma
 from vesper.common.privacy.ledger import PlanRule
-from vesper.common.privacy.theorem21 import theorem21_gamma
 from vesper.party_a.degree_projection import project_degree
 from vesper.party_a.edge_sampling import EdgeSubsampler
 from vesper.party_a.extractors.base import (
@@ -47,7 +47,7 @@ class _Sample:
     dropout_key: DropoutKey  # the release's secret dropout key (party_a.keyed_dropout)
 
 
-class _PmpPlugin(ExtractorBase):
+class PmpPlugin(ExtractorBase):
     """Per-step release: every step's B x d x L is PMP over the batch's subgraphs."""
 
     def __init__(self, setup: ExtractorSetup) -> None:
@@ -84,7 +84,7 @@ class _PmpPlugin(ExtractorBase):
 
         visible-batch: both kinds are charged the extractor's rule (docs/privacy.md,
         section 4). hidden-batch: training steps are PoissonSampled(γ, Gaussian(θ/S_step))
-        with γ of VESPER Theorem 2.1, every step counted; the evaluation sweep has no
+        with γ of [VESPER, Thm. 2.1], every step counted; the evaluation sweep has no
         sampling to hide behind and is charged as under visible-batch.
         """
         cfg, ex = self.setup.config, self.setup.config.extractor
@@ -130,7 +130,7 @@ class _PmpPlugin(ExtractorBase):
 
     # -- what it releases -------------------------------------------------------------------
     def release(self, roots: torch.Tensor, kind: ReleaseKind) -> torch.Tensor:
-        """PMP over the roots' subgraphs (Algorithm 1): the pre-charge B x d x L."""
+        """PMP over the roots' subgraphs [VESPER, Alg. 1]: the pre-charge B x d x L."""
         sample = self._take_prefetched(roots) or self._sample(roots)
         return self.model(
             sample.subgraph, self.setup.features, self.noise_std, self.setup.noise, sample.capped_degree,
@@ -154,7 +154,7 @@ class _PmpPlugin(ExtractorBase):
         subgraph = sampler.sample(roots, sampler.layer_seeds(self.setup.sampling_generator))
         return _Sample(subgraph, capped_degree, self.model.messages(subgraph, capped_degree), key)
 
-    # -- pipelining (party_a.trainer): sampling reads no parameter -----------------------------
+    # -- pipelining (party_a.run.step_loop): sampling reads no parameter -----------------------------
     def prefetch(self, roots: torch.Tensor) -> None:
         """Sample now what the next ``release(roots, ...)`` would sample, so that the trainer
         samples step t+1 while B computes step t. Exact: the sample depends only on the roots
@@ -176,7 +176,7 @@ class _PmpPlugin(ExtractorBase):
         return sampled
 
 
-class MlpPlugin(_PmpPlugin):
+class MlpPlugin(PmpPlugin):
     spec: ClassVar[ExtractorSpec] = ExtractorSpec(
         name="mlp", privacy_unit="edge", cost_model="none",
         summary="encoder and L edge-free layers; reads no edges, so spends nothing (the baseline)",
@@ -184,7 +184,7 @@ class MlpPlugin(_PmpPlugin):
     )
 
 
-class PmpGinPlugin(_PmpPlugin):
+class PmpGinPlugin(PmpPlugin):
     spec: ClassVar[ExtractorSpec] = ExtractorSpec(
         name="pmp-gin", privacy_unit="edge", cost_model="per-step",
         summary="VESPER perturbed message passing, GIN sum aggregation; noise on every step's aggregates",
@@ -193,7 +193,7 @@ class PmpGinPlugin(_PmpPlugin):
     )
 
 
-class PmpGcnPlugin(_PmpPlugin):
+class PmpGcnPlugin(PmpPlugin):
     spec: ClassVar[ExtractorSpec] = ExtractorSpec(
         name="pmp-gcn", privacy_unit="edge", cost_model="per-step",
         summary="VESPER perturbed message passing, truncated GCN (D_min); noise on every step's aggregates",

@@ -1,10 +1,11 @@
-"""PvGaLM relational pre-training (pvgalm-relational-dp.txt, Algorithm 1) as a party-A plugin.
+"""PvGaLM relational pre-training ([PvGaLM, Alg. 1]; pvgalm-relational-dp.txt) as a party-A plugin.
 
 Before any exchange with B, A privately pre-trains its encoder h_u = f_Θ(X_u) on its own
 edges: link prediction with the InfoNCE loss over tuples E_i = (u, v, w_1..w_k) whose
-negatives are drawn uniformly from V, independently of E ("decoupled sampling", Section
-3.2), trained with DP-SGD (per-tuple clipping to C, Gaussian noise, Eq. 3) and Adam
-(DP-Adam, Algorithm 3: post-processing of the noisy gradient). One step of Algorithm 1:
+negatives are drawn uniformly from V, independently of E ("decoupled sampling",
+[PvGaLM, §3.2]), trained with DP-SGD (per-tuple clipping to C, Gaussian noise, [PvGaLM, eq. 3])
+and Adam (DP-Adam, [PvGaLM, Alg. 3]: post-processing of the noisy gradient). One step of
+[PvGaLM, Alg. 1]:
 
     I.   B_t: every undirected edge of A's graph kept independently with probability q
          (Poisson), given a random orientation (u, v)            sample_positive_relations
@@ -98,14 +99,14 @@ class RelationalEncoder(nn.Module):
 
 # -- hyper-parameters -------------------------------------------------------------------------
 class PretrainingParams(BaseModel):
-    """Algorithm 1's hyper-parameters (d = extractor.dim, hidden width = extractor.encoder_hidden)."""
+    """The hyper-parameters of [PvGaLM, Alg. 1] (d = extractor.dim, hidden width = extractor.encoder_hidden)."""
 
     model_config = ConfigDict(extra="forbid")
 
     encoder: str = Field("mlp", description="f_Θ, a registered encoder builder: 'mlp' (default) or 'linear'")
     pretrain_steps: int = Field(
         100, ge=0, le=1_000_000,
-        description="T, DP-SGD steps of Algorithm 1 (the paper fixes T); each step sees about q·|E| edges, so "
+        description="T, DP-SGD steps of [PvGaLM, Alg. 1] (the paper fixes T); each step sees about q·|E| edges, so "
         "T·q epochs; 0 = no pre-training",
     )
     expected_batch: int = Field(
@@ -144,7 +145,7 @@ class PretrainingParams(BaseModel):
 
 
 class RelationalParams(PretrainingParams):
-    """`relational`: Algorithm 1, then what A serves B."""
+    """`relational`: [PvGaLM, Alg. 1], then what A serves B."""
 
     fine_tune: bool = Field(
         False,
@@ -201,7 +202,7 @@ def pretraining_schedule(params: PretrainingParams, edge_bound: int | None, num_
     return Schedule(edge_bound, params.expected_batch / edge_bound, per_charge, releases)
 
 
-# -- Algorithm 1, one function per step -------------------------------------------------------
+# -- [PvGaLM, Alg. 1], one function per step -----------------------------------------------
 def edge_candidates(graph: Graph) -> torch.Tensor:
     """[|E|, 2] (u, v) with u < v: each undirected edge is ONE candidate of step I.
 
@@ -248,7 +249,7 @@ def sample_positive_relations(candidates: torch.Tensor, q: float, key: PairKey) 
 def sample_negative_entities(positives: torch.Tensor, num_nodes: int, k: int, key: PairKey) -> torch.Tensor:
     """Step II: [b_t, k] entities per positive (u, v), uniform without replacement on V \\ {u}.
 
-    Reads no edge (decoupled sampling, Section 3.2): a negative may be a true neighbour,
+    Reads no edge (decoupled sampling, [PvGaLM, §3.2]): a negative may be a true neighbour,
     with small probability, as in the paper. Floyd's algorithm vectorised over tuples:
     k rounds, one column of coins each; tuple (u, v)'s coin of round c is U(u·|V| + v, c).
     """
@@ -273,7 +274,7 @@ def relation_tuples(candidates: torch.Tensor, num_nodes: int, q: float, k: int, 
 
 
 def info_nce(h: torch.Tensor, temperature: float) -> torch.Tensor:
-    """ℓ(Θ; E_i) = −ln(exp(z_{e+}) / Σ_{e ∈ E_i} exp(z_e)), z_e = ⟨h_u, h_x⟩/τ (Section 3.1).
+    """ℓ(Θ; E_i) = −ln(exp(z_{e+}) / Σ_{e ∈ E_i} exp(z_e)), z_e = ⟨h_u, h_x⟩/τ [PvGaLM, §3.1].
 
     ``h`` [..., k+2, d] holds each tuple's rows (h_u, h_v, h_w1..h_wk): the positive
     relation is (u, v), the negatives (u, w_j).
@@ -287,7 +288,7 @@ def per_tuple_gradients(
 ) -> dict[str, torch.Tensor]:
     """Step III for any encoder: g_t(E_i) = ∇_Θ ℓ(Θ; E_i) per tuple of ``tuple_features`` [c, k+2, F].
 
-    The paper sums g(u | e', E_i) over the tuple's entities (Algorithm 1); vmap of grad of
+    The paper sums g(u | e', E_i) over the tuple's entities ([PvGaLM, Alg. 1]); vmap of grad of
     the whole tuple's loss is that sum, computed exactly.
     """
 
@@ -322,12 +323,12 @@ def clipped_gradient_sum(
     return total
 
 
-# Modules through which Section 3.3's low-rank form is exact: row-wise, parameters only in Linear.
+# Modules through which the low-rank form of [PvGaLM, §3.3] is exact: row-wise, parameters only in Linear.
 _ROW_WISE = (nn.Sequential, nn.Linear, nn.ReLU, nn.LeakyReLU, nn.GELU, nn.Tanh, nn.Sigmoid, nn.SiLU, nn.Identity)
 
 
 def low_rank_layers(encoder: nn.Module) -> list[nn.Linear] | None:
-    """The encoder's Linear layers if Section 3.3 applies to it (else None: use vmap)."""
+    """The encoder's Linear layers if [PvGaLM, §3.3] applies to it (else None: use vmap)."""
     if not all(type(m) in _ROW_WISE or isinstance(m, RelationalEncoder) for m in encoder.modules()):
         return None
     return [m for m in encoder.modules() if isinstance(m, nn.Linear)]
@@ -358,7 +359,7 @@ def low_rank_clipped_gradient_sum(
     encoder: nn.Module, layers: list[nn.Linear], features: torch.Tensor, tuples: torch.Tensor, temperature: float,
     clip: float, chunk: int,
 ) -> dict[str, torch.Tensor]:
-    """Step IV before its noise for encoders of Linear layers: the paper's Section 3.3.
+    """Step IV before its noise for encoders of Linear layers: [PvGaLM, §3.3].
 
     A Linear layer's per-tuple gradient is Σ_j r_j a_jᵀ over the tuple's k+2 rows (a_j its
     input, r_j the loss gradient at its output), so
@@ -394,7 +395,7 @@ def low_rank_clipped_gradient_sum(
 def privatise(
     total: dict[str, torch.Tensor], noise_std: float, expected_batch: int, noise: NoiseSource
 ) -> dict[str, torch.Tensor]:
-    """Step IV [PvGaLM, Eq. 3]: g̃_t = (Σ clipped + N(0, σ²C² I)) / b, with σC = ``noise_std``,
+    """Step IV [PvGaLM, eq. 3]: g̃_t = (Σ clipped + N(0, σ²C² I)) / b, with σC = ``noise_std``,
     drawn from A's NoiseSource.
 
     Divided by the expected batch b, never by the realised |B_t|, which depends on E.
@@ -403,7 +404,7 @@ def privatise(
 
 
 def dp_adam_step(encoder: RelationalEncoder, optimizer: torch.optim.Optimizer, noisy: dict[str, torch.Tensor]) -> None:
-    """Step V: Θ_{t+1} = Adam(Θ_t, g̃_t), DP-Adam (Algorithm 3): post-processing of g̃_t."""
+    """Step V: Θ_{t+1} = Adam(Θ_t, g̃_t), DP-Adam [PvGaLM, Alg. 3]: post-processing of g̃_t."""
     for name, p in encoder.named_parameters():
         p.grad = noisy[name]
     optimizer.step()
@@ -420,7 +421,7 @@ def pretrain_rule(schedule: Schedule) -> PlanRule:
 
 
 class RelationalPretraining:
-    """Algorithm 1 over A's graph: the encoder, the candidates, the schedule, the charges."""
+    """[PvGaLM, Alg. 1] over A's graph: the encoder, the candidates, the schedule, the charges."""
 
     def __init__(self, setup: ExtractorSetup, params: PretrainingParams, name: str) -> None:
         ex = setup.config.extractor
@@ -435,7 +436,7 @@ class RelationalPretraining:
         self.noise_std = 0.0
 
     def bind(self, noise_multiplier: float | None) -> None:
-        """σC of Eq. 3 with σ = z (None: ε = ∞, clipped but not noised)."""
+        """σC of [PvGaLM, eq. 3] with σ = z (None: ε = ∞, clipped but not noised)."""
         self.noise_std = 0.0 if noise_multiplier is None else noise_multiplier * self.params.clip
 
     def details(self) -> dict[str, object]:
@@ -472,7 +473,7 @@ class RelationalPretraining:
                 self.step(optimizer)
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
-        """One step of Algorithm 1 (I-V)."""
+        """One step of [PvGaLM, Alg. 1] (I-V)."""
         p, setup = self.params, self.setup
         tuples = relation_tuples(
             self.candidates, setup.graph.num_nodes, self.schedule.q, p.negatives, setup.sampling_generator
@@ -528,7 +529,7 @@ class RelationalExtractor(ExtractorBase):
         self.pretraining.bind(noise_multiplier)
 
     def prepare(self, session: PrepareSession) -> None:
-        """Algorithm 1, charged chunk by chunk; nothing reaches B before it ends."""
+        """[PvGaLM, Alg. 1], charged chunk by chunk; nothing reaches B before it ends."""
         self.pretraining.run(session)
         self.encoder.requires_grad_(self.params.fine_tune)
         self.prepared = True

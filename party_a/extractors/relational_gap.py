@@ -2,8 +2,8 @@
 
 A runs, in order (docs/extractors/relational.md, section 5):
 
-1. **Relational pre-training** (party_a.extractors.relational, Algorithm 1 of the PvGaLM
-   paper): DP-SGD on A's own edges, never leaving A; ``pre-train`` releases of
+1. **Relational pre-training** (party_a.extractors.relational, [PvGaLM, Alg. 1]):
+   DP-SGD on A's own edges, never leaving A; ``pre-train`` releases of
    SelfComposed(PoissonSampled(q, Gaussian(z)), steps_per_charge).
 2. **GAP's encoder stage** (optional, ``encoder_epochs``): B's labels fine-tune the
    pre-trained encoder without reading an edge (no-op train releases).
@@ -38,7 +38,7 @@ from vesper.party_a.extractors.relational import PretrainingParams, RelationalPr
 
 
 class RelationalGapParams(PretrainingParams):
-    """Algorithm 1's hyper-parameters, plus GAP's (K hops = extractor.layers)."""
+    """The hyper-parameters of [PvGaLM, Alg. 1], plus GAP's (K hops = extractor.layers)."""
 
     hop_noise_scale: float = Field(
         0.5, gt=0.0, le=1000.0,
@@ -53,7 +53,7 @@ class RelationalGapParams(PretrainingParams):
 
 
 class RelationalGapExtractor(GapExtractor):
-    """GAP whose encoder was first privately pre-trained on A's edges (PvGaLM, Algorithm 1)."""
+    """GAP whose encoder was first privately pre-trained on A's edges [PvGaLM, Alg. 1]."""
 
     spec: ClassVar[ExtractorSpec] = ExtractorSpec(
         name="relational-gap", privacy_unit="edge", cost_model="one-shot",

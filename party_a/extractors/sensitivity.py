@@ -34,7 +34,7 @@ _FULL_NEIGHBOURHOOD_SCAN = 1024
 
 
 def gin_layer_sensitivity(fanout: int) -> float:
-    """PMP-GIN, a_v = Σ_{u ∈ N_s(v)} h_u (docs/privacy.md, section 3.2; cf. Proposition 1).
+    """PMP-GIN, a_v = Σ_{u ∈ N_s(v)} h_u (docs/privacy.md, section 3.2; cf. [VESPER, Prop. 1]).
 
     At each endpoint the new edge either adds one message (‖h_u*‖ ≤ 1) or, when the
     endpoint already has ≥ D neighbours, swaps one (‖h_u* − h_w‖ ≤ √2 for non-negative
@@ -92,7 +92,7 @@ def gcn_layer_sensitivity(fanout: int, d_min: int) -> float:
 # ---------------------------------------------------------------------------------------
 #
 # Adding e = (u*, v*) to G' changes P by e (added or not) and at most one displaced edge
-# (u*, u'), (v*, v') per endpoint (Lemma 4), in one of four configurations:
+# (u*, u'), (v*, v') per endpoint (docs/privacy.md, Lemma 4), in one of four configurations:
 #   T1  e added, both endpoints displace an edge, u' ≠ v'
 #   T2  e added, both endpoints displace an edge to the same w = u' = v'
 #   T3  e added, only u* displaces an edge
@@ -142,7 +142,7 @@ class _NodeTerm:
 
 
 def _split_squared(*coefficients: np.ndarray | float) -> np.ndarray:
-    """Lemma 1 on one receiver (eq. J1): with non-negative inputs of norm ≤ 1,
+    """docs/privacy.md's Lemma 1 on one receiver (eq. J1): with non-negative inputs of norm ≤ 1,
     ‖Σ_x κ_x h_x‖² ≤ (Σ_x κ_x⁺)² + (Σ_x κ_x⁻)², attained by aligned positive and
     aligned negative senders orthogonal to each other."""
     positive = sum(np.maximum(np.asarray(k, dtype=np.float64), 0.0) for k in coefficients)
@@ -155,7 +155,7 @@ def _outside(senders: list[tuple[np.ndarray | int, np.ndarray]]) -> _NodeTerm:
 
     An outside node y gets Δa_y = g(d_y) Σ_x δ_x h_x over its core neighbours x whose
     coefficient moved by δ_x. Summed over y, with n_x outside neighbours of x and at
-    most min(n_x, n_x') of them shared, Lemma 1 gives
+    most min(n_x, n_x') of them shared, docs/privacy.md's Lemma 1 gives
     g(d_y)² (Σ_x n_x δ_x² + 2 Σ_{x<x'} min(n_x, n_x') max(δ_x δ_x', 0)): opposite
     moves land in different halves of the split and do not add up. y's degree is its
     union degree (y is neither u* nor v*).
@@ -253,7 +253,7 @@ def _t4(co: _Coefficients, degree_bound: int) -> list[_NodeTerm]:
 
 @lru_cache(maxsize=64)
 def _projected_configurations(name: str, degree_bound: int, d_min: int) -> tuple[tuple[str, tuple[_NodeTerm, ...]], ...]:
-    """Every configuration of Lemma 4 with its per-node bounds (eqs. T1–T4)."""
+    """Every configuration of docs/privacy.md's Lemma 4 with its per-node bounds (eqs. T1–T4)."""
     co = _coefficients(name, degree_bound, d_min)
     flags = [(a, b, c) for a in (0, 1) for b in (0, 1) for c in (0, 1)]
     configurations = [(f"T1{f}", tuple(_t1(co, degree_bound, *f))) for f in flags]
@@ -349,7 +349,7 @@ def step_sensitivity(name: str, layers: int, fanout: int, d_min: int, degree_bou
     """Sensitivity of one step's L noisy layers together: √(Σ_l S_l²) = √L · S_layer.
 
     L Gaussian mechanisms with the same θ compose into one Gaussian mechanism of this
-    sensitivity (docs/privacy.md, section 3.4). VESPER's Theorem 2.1 needs this S.
+    sensitivity (docs/privacy.md, section 3.4). [VESPER, Thm. 2.1] needs this S.
     """
     return math.sqrt(layers) * layer_sensitivity(name, fanout, d_min, degree_bound)
 
@@ -405,7 +405,7 @@ class ChargeRule:
     sensitivity: float  # of each counted release: S_step (per-step form) or S_pass (per-pass form)
     participation_bound: int | None  # counted releases per pass; None = every release counts
     form: str  # "per-step" or "per-pass"
-    step_sensitivity: float  # √(Σ_l S_l²) of one step, what VESPER's Theorem 2.1 needs
+    step_sensitivity: float  # √(Σ_l S_l²) of one step, what [VESPER, Thm. 2.1] needs
     derivation: str  # the docs/privacy.md equations behind the numbers
     edge_reach: int | None  # N_e: roots per pass whose release one edge can change (None = unbounded)
 

@@ -2,8 +2,8 @@
 
 ``torch.nn.utils.parametrizations.spectral_norm`` computes σ = uᵀ W v (u, v from one power
 step) and W / σ through autograd: a dozen small kernels forward and backward per weight,
-0.44 ms against 0.07 ms for a plain 64 x 64 weight (measured on this project's 2-core
-machines), which at four weights per step was a fifth of a PMP step. This is the same
+several times the cost of a plain weight, which at four weights per step was a large share
+of a PMP step (measured earlier: docs/performance-notes.md). This is the same
 parametrization (it subclasses torch's: the same buffers ``_u``/``_v``, the same
 initialisation from the same random draws, the same power step, the same state dict) with
 the division written as one autograd function, and a PMP step normalises all its weights

@@ -1,4 +1,4 @@
-"""VFGNN: output perturbation of an L-layer message passing (VESPER appendix C.5, Proposition 3).
+"""VFGNN [VFGNN]: output perturbation of an L-layer message passing ([VESPER, App. C.5], [VESPER, Prop. 3]).
 
 The baseline VESPER compares against. Per step, for the step's roots r, party A computes
 
@@ -13,14 +13,14 @@ PMP's per-layer outputs); ``self_slice`` puts the edge-free h_r^(0) before it. T
 release is B x d x L', L' = 2 (h^(0), γ õ) or 1 (γ õ); γ is a learned scalar gain.
 
 Sensitivity (docs/extractors/vfgnn.md, section 3): every m^(l) is non-negative with norm
-≤ 1 (C = 1 in Proposition 3), so one root's output moves by at most √2 (V4; the
+≤ 1 (C = 1 in [VESPER, Prop. 3]), so one root's output moves by at most √2 (V4; the
 paper's 2C ignores the sign), and only the N_e roots within L − 1 hops of a node whose
 neighbourhood the edge changed can move (V5). A pass is one Gaussian mechanism with
 S_pass² = 2 N_e (V6), charged as one counted release per pass; where N_e is unbounded,
 every release counts with S_step² = 2 n for n roots per release (V7).
 
-Under ``hidden-batch`` (VESPER Theorem 2.1 as published, no guarantee against B; section
-5): every training step is PoissonSampled(γ, Gaussian(θ/S_step)) with γ of Theorem 2.1 and
+Under ``hidden-batch`` ([VESPER, Thm. 2.1] as published, no guarantee against B; section
+5): every training step is PoissonSampled(γ, Gaussian(θ/S_step)) with γ of [VESPER, Thm. 2.1] and
 the per-step sensitivity S_step² = 2 min(N_e, n) (V8), every step counted; the evaluation
 sweep keeps its visible-batch rule.
 
@@ -43,8 +43,8 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from vesper.common.privacy.hidden_batch_reproduction import participation_count, theorem21_gamma
 from vesper.common.privacy.ledger import PlanRule
-from vesper.common.privacy.theorem21 import participation_count, theorem21_gamma
 from vesper.party_a.degree_projection import project_degree
 from vesper.party_a.encoder import MlpEncoder
 from vesper.party_a.extractors.base import (
@@ -105,7 +105,7 @@ def message_passing_layer(block: Block, m_src: torch.Tensor, aggregation: Aggreg
 
 @torch.no_grad()
 def message_passing_output(subgraph: SampledSubgraph, h0: torch.Tensor, aggregation: Aggregation) -> torch.Tensor:
-    """o_r = m_r^(L) for the roots: the pre-noise output that Proposition 3 perturbs.
+    """o_r = m_r^(L) for the roots: the pre-noise output that [VESPER, Prop. 3] perturbs.
 
     ``h0`` holds m^(0) of ``subgraph.input_nodes`` (non-negative rows of norm ≤ 1). No
     gradient exists here: nothing A learns can read the graph except through õ.
@@ -127,7 +127,7 @@ def edge_reach(layers: int, fanout: int, degree_bound: int) -> int | None:
     Raw graph (sampled at ``fanout``, 0 = all): only u*, v* change their own sample
     (docs/privacy.md, Lemma 2), so at L = 1 N_e = 2; from L = 2 on every node that can
     sample an endpoint is reached, unboundedly many: None. Projection P(G), read whole:
-    the changed neighbourhoods are the ≤ 4 core nodes of Lemma 4, and the roots within
+    the changed neighbourhoods are the ≤ 4 core nodes of docs/privacy.md's Lemma 4, and the roots within
     L − 1 hops of them are PMP-GIN's N_e (docs/privacy.md, eq. N3): 4, 4D, ...
     """
     if layers < 1 or fanout < 0 or degree_bound < 0:
@@ -193,7 +193,7 @@ class HiddenBatchCharge:
     the evaluation sweep: its visible-batch rule (V6/V7), nothing sampled there.
     """
 
-    gamma: float  # γ of VESPER Theorem 2.1 (eq. V9)
+    gamma: float  # γ of [VESPER, Thm. 2.1] (eq. V9)
     gamma_degree: int  # D in γ: the degree bound, else the fanout
     paper_reach: int  # N_e^paper = 2 Σ_{l<L} D^l, the roots γ assumes one edge can reach
     edge_reach: int | None  # vesper's N_e (V5); None: unbounded
@@ -208,7 +208,7 @@ class HiddenBatchCharge:
 
 
 def hidden_batch_gamma(train_nodes: int, batch_size: int, degree: int, layers: int) -> float:
-    """γ = 1 − C(N_T − N_e^paper, B) / C(N_T, B), N_e^paper = 2 Σ_{l<L} D^l (VESPER Theorem 2.1, eq. V9).
+    """γ = 1 − C(N_T − N_e^paper, B) / C(N_T, B), N_e^paper = 2 Σ_{l<L} D^l ([VESPER, Thm. 2.1]; eq. V9).
 
     As published, and as PMP's hidden-batch plan computes it; B is capped at N_T (the
     last, smaller batch of an epoch only lowers the probability).
@@ -220,10 +220,10 @@ def hidden_batch_charge(
     layers: int, fanout: int, degree_bound: int, train_nodes: int, batch_size: int,
     roots_per_release: dict[str, int], gamma_degree: int,
 ) -> HiddenBatchCharge:
-    """Theorem 2.1's γ for the training steps with S_step (V8, V9); the sweep as visible-batch.
+    """The γ of [VESPER, Thm. 2.1] for the training steps with S_step (V8, V9); the sweep as visible-batch.
 
     ``fanout`` is what the extractor reads (0 on a projection); ``gamma_degree`` is the D
-    of Theorem 2.1: the degree bound, else the configured fanout.
+    of [VESPER, Thm. 2.1]: the degree bound, else the configured fanout.
     """
     return HiddenBatchCharge(
         gamma=hidden_batch_gamma(train_nodes, batch_size, gamma_degree, layers),
@@ -267,7 +267,7 @@ class VfgnnExtractor(ExtractorBase):
     spec: ClassVar[ExtractorSpec] = ExtractorSpec(
         name="vfgnn", privacy_unit="edge", cost_model="per-step",
         summary="VFGNN baseline: Gaussian noise on the normalised output of L weight-free message-passing "
-        "layers, every step (VESPER appendix C.5, Proposition 3)",
+        "layers, every step ([VESPER, App. C.5, Prop. 3])",
         params=VfgnnParams,
         uses=("layers", "dim", "encoder_hidden", "dropout", "noise_multiplier", "fanout", "degree_bound"),
         accountings=("visible-batch", "hidden-batch"), edge_sampling=False, docs="docs/extractors/vfgnn.md",
@@ -324,14 +324,14 @@ class VfgnnExtractor(ExtractorBase):
         )
 
     def hidden_batch_plan(self, roots: RootPlan) -> ChargePlan:
-        """VESPER Theorem 2.1 as published (a reproduction, no guarantee against B): eqs. V8, V9."""
+        """[VESPER, Thm. 2.1] as published (a reproduction, no guarantee against B): eqs. V8, V9."""
         cfg, ex = self.setup.config, self.setup.config.extractor
         hidden = hidden_batch_charge(
             ex.layers, self.fanout, ex.degree_bound, roots.train_ids.numel(), cfg.batch_size,
             largest_release(roots, cfg.batch_size, cfg.eval_chunk), ex.degree_bound or ex.fanout,
         )
         if hidden.gamma >= 1.0:
-            # every batch holds an endpoint: nothing to amplify, and bound (6) (charged when
+            # every batch holds an endpoint: nothing to amplify, and [VESPER, bound (6)] (charged when
             # larger) stays above any budget at γ = 1 (docs/extractors/vfgnn.md, 5.3)
             raise ValueError(
                 f"hidden-batch: γ = 1 for {roots.train_ids.numel()} training roots in batches of {cfg.batch_size} "

@@ -1,7 +1,7 @@
-"""DP-GPL at party B (Algorithm 2 of shared/seeds/dp-gpl.txt) with Confident-GNMax.
+"""DP-GPL at party B ([DP-GPL, Alg. 2]; shared/seeds/dp-gpl.txt) with Confident-GNMax [PSM+18].
 
 Party A's extractor is frozen and was trained without B's labels, so A's embeddings of
-B's nodes carry no information about them. B then runs the five steps of Algorithm 2:
+B's nodes carry no information about them. B then runs the five steps of [DP-GPL, Alg. 2]:
 
 1. :func:`partition` — N disjoint groups of B's labelled training nodes, balanced and
    drawn without looking at the labels (line 6);
@@ -37,7 +37,7 @@ import dp_accounting as dpa
 import torch
 import torch.nn.functional as F
 
-from vesper.common.privacy.accounting import Accountant, calibrate
+from vesper.common.privacy.accounting import AccountantName, calibrate
 
 # L2 sensitivities for "replace one label" (docs/label-privacy.md, eq. P2 and P3): one label
 # is in exactly one group, so it can change one teacher, hence one vote per query.
@@ -125,7 +125,7 @@ class TeacherEnsemble:
         return (_flatten(embeddings).to(self.mean.device) - self.mean) / self.scale
 
     def logits(self, embeddings: torch.Tensor) -> torch.Tensor:
-        """[Q, N, C]: every teacher's logits for every query (Algorithm 2, line 15)."""
+        """[Q, N, C]: every teacher's logits for every query [DP-GPL, Alg. 2, line 15]."""
         features = self.standardise(embeddings)
         chunk = max(1, _SCORING_ELEMENTS // max(1, self.teachers * features.shape[1]))
         parts = [_teacher_logits(features[start : start + chunk], self) for start in range(0, features.shape[0], chunk)]
@@ -258,7 +258,7 @@ def train_teachers(
 
 
 def vote_histogram(votes: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """[Q, C] int64 counts c_m(x_j) = Σ_i 1[y_i(x_j) = m] (Algorithm 2, line 18)."""
+    """[Q, C] int64 counts c_m(x_j) = Σ_i 1[y_i(x_j) = m] [DP-GPL, Alg. 2, line 18]."""
     if votes.ndim != 2:
         raise ValueError(f"votes must be [Q, N], got shape {list(votes.shape)}")
     counts = torch.zeros((votes.shape[0], num_classes), dtype=torch.int64, device=votes.device)
@@ -333,7 +333,7 @@ def plan_event(sigma1: float | None, sigma2: float, queries: int) -> dpa.DpEvent
 
 
 def calibrate_sigma(
-    epsilon: float, delta: float, queries: int, accountant: Accountant = "pld", *, threshold_step: bool = True
+    epsilon: float, delta: float, queries: int, accountant: AccountantName = "pld", *, threshold_step: bool = True
 ) -> float:
     """The smallest σ = σ1 = σ2 whose :func:`plan_event` meets (ε, δ), via the shared calibration.
 
@@ -426,7 +426,7 @@ def label_queries(
     generator: torch.Generator,
     class_balanced: bool = False,
 ) -> PateOutcome:
-    """Steps 1–4 of Algorithm 2 on A's embeddings of B's training nodes and of the Q queries.
+    """Steps 1–4 of [DP-GPL, Alg. 2] on A's embeddings of B's training nodes and of the Q queries.
 
     ``threshold`` and ``sigma1`` both None: plain GNMax, every query answered. Call it only
     after charging :func:`plan_event` (σ1, σ2, Q) on B's label ledger: its outputs are the

@@ -1,0 +1,150 @@
+"""The datasets of ``vesper bench utility``, by name: ``cora`` (bundled), ``tolokers`` (skipped,
+with the reason, when its file is absent), and ``synthetic-dense`` / ``synthetic-sparse``,
+generated once into ``OUT/data/`` from a fixed :class:`SyntheticSpec` recorded in
+``OUT/data/spec.json``: a resumed benchmark refuses to mix rows of graphs drawn from different
+specs (:class:`SpecMismatch`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+from rich.console import Console
+
+from vesper.benchmarks.extractor_table import dataset_label
+from vesper.benchmarks.utility_options import SYNTHETIC_PROFILES, TOLOKERS
+
+if TYPE_CHECKING:
+    from vesper.benchmarks.synthetic import SyntheticSpec
+
+# numpy-heavy modules (synthetic) are imported where they are used: the CLI imports this module
+# (through utility_bench) to register the command.
+
+
+class BenchDataset(BaseModel):
+    label: str  # in rows and reports
+    run_name: str  # what a run is given: a bundled name or an absolute .npz path
+    path: Path  # the file here, for its density
+
+
+class SpecMismatch(ValueError):
+    """OUT/data/spec.json records another synthetic graph than the one asked for."""
+
+
+def synthetic_spec(profile: str, nodes: int) -> SyntheticSpec:
+    """The fixed spec of a named synthetic dataset: the generator's profile defaults, seed 0."""
+    from vesper.benchmarks.synthetic import SyntheticSpec
+
+    return SyntheticSpec(num_nodes=nodes, profile=profile, seed=0)
+
+
+def spec_fields(spec: SyntheticSpec) -> dict[str, Any]:
+    """The spec as JSON values (a tuple becomes a list), as spec.json stores it."""
+    return json.loads(json.dumps(dataclasses.asdict(spec)))
+
+
+def array_digest(path: Path) -> str:
+    """SHA-256 over every array's name, dtype, shape and bytes (the .npz's zip timestamps vary)."""
+    import numpy as np
+
+    digest = hashlib.sha256()
+    with np.load(path, allow_pickle=False) as archive:
+        for name in sorted(archive.files):
+            array = np.ascontiguousarray(archive[name])
+            digest.update(f"{name}|{array.dtype.str}|{array.shape}".encode())
+            digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+class SyntheticRecord(BaseModel):
+    spec: dict[str, Any]
+    sha256: str
+
+
+def _read_records(path: Path) -> dict[str, SyntheticRecord]:
+    if not path.exists():
+        return {}
+    return {label: SyntheticRecord.model_validate(v) for label, v in json.loads(path.read_text()).items()}
+
+
+def _write_records(path: Path, records: dict[str, SyntheticRecord]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({k: v.model_dump() for k, v in records.items()}, indent=2, sort_keys=True) + "\n")
+
+
+def spec_differences(recorded: dict[str, Any], asked: dict[str, Any]) -> list[str]:
+    return [
+        f"{key}: recorded {recorded.get(key)!r}, asked {asked.get(key)!r}"
+        for key in sorted(set(recorded) | set(asked)) if recorded.get(key) != asked.get(key)
+    ]
+
+
+def ensure_synthetic(data_dir: Path, label: str, nodes: int, labels_with_rows: set[str]) -> Path:
+    """``data_dir/<label>.npz``, generated from :func:`synthetic_spec` the first time.
+
+    Refuses (:class:`SpecMismatch`) when spec.json records another spec for ``label``, when the
+    file's arrays are not the recorded ones, and when results.csv has rows of ``label`` but
+    spec.json does not say which graph they were made on.
+    """
+    from vesper.benchmarks.synthetic import generate, save_npz
+
+    spec_path = data_dir / "spec.json"
+    records = _read_records(spec_path)
+    asked = spec_fields(synthetic_spec(SYNTHETIC_PROFILES[label], nodes))
+    path = data_dir / f"{label}.npz"
+    record = records.get(label)
+    if record is not None:
+        differences = spec_differences(record.spec, asked)
+        if differences:
+            raise SpecMismatch(
+                f"{spec_path} records {label} with another spec ({'; '.join(differences)}), and the rows of "
+                f"{label} in results.csv were made on that graph: pass --synthetic-nodes "
+                f"{record.spec.get('num_nodes')} to resume, or choose another --out"
+            )
+    elif label in labels_with_rows:
+        raise SpecMismatch(
+            f"results.csv has rows of {label} but {spec_path} does not record the spec of their graph: "
+            "choose another --out"
+        )
+    if not path.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        save_npz(generate(synthetic_spec(SYNTHETIC_PROFILES[label], nodes)), path)
+    digest = array_digest(path)
+    if record is not None and digest != record.sha256:
+        raise SpecMismatch(
+            f"{path}'s arrays are not the ones {spec_path} recorded for this spec (sha256 {digest[:12]}…, "
+            f"recorded {record.sha256[:12]}…): the file was changed, or the generator no longer gives the "
+            "same graph for the same spec"
+        )
+    if record is None:
+        records[label] = SyntheticRecord(spec=asked, sha256=digest)
+        _write_records(spec_path, records)
+    return path
+
+
+def resolve_datasets(
+    names: Sequence[str], data_dir: Path, nodes: int, labels_with_rows: set[str], say: Console,
+) -> list[BenchDataset]:
+    """The grid's datasets; tolokers is skipped with a printed reason when its file is absent."""
+    from vesper.common.dataset_files import BUNDLED, resolve_dataset
+
+    found = []
+    for name in names:
+        if name in SYNTHETIC_PROFILES:
+            path = ensure_synthetic(data_dir, name, nodes, labels_with_rows).resolve()
+            found.append(BenchDataset(label=name, run_name=str(path), path=path))
+        elif name == "tolokers":
+            if not TOLOKERS.is_file():
+                say.print(f"skipping tolokers: {TOLOKERS} does not exist", highlight=False)
+                continue
+            found.append(BenchDataset(label="tolokers", run_name=str(TOLOKERS), path=TOLOKERS))
+        else:
+            path = resolve_dataset(name)
+            run_name = name if name in BUNDLED else str(path.resolve())
+            found.append(BenchDataset(label=dataset_label(name), run_name=run_name, path=path))
+    return found

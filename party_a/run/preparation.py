@@ -1,0 +1,59 @@
+"""The extractor's stages before training (``Extractor.prepare``): edge-free pre-training with
+B, and one-shot releases (GAP's hops, DPAR's neighbourhoods), each charged first."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+
+from vesper.common.optim import build_optimizer
+from vesper.party_a.extractors.base import RootPlan, Stage
+from vesper.party_a.run.context import RunContext
+from vesper.party_a.run.progress import ProgressEvent
+from vesper.party_a.run.release import Release
+from vesper.party_a.run.step_loop import StepLoop, TrainingPass
+from vesper.proto.v1 import label_party_pb2 as lp_pb
+
+
+class Preparation:
+    """The PrepareSession an extractor's ``prepare`` gets: charging and training with B.
+
+    ``open_session(session_id, layers)`` sets a session up with B (party_a.run.label_session)."""
+
+    def __init__(
+        self, ctx: RunContext, roots: RootPlan, release: Release,
+        open_session: Callable[[str, int], lp_pb.SetupRunReply],
+    ) -> None:
+        self.ctx = ctx
+        self.roots = roots
+        self.release = release
+        self.open_session = open_session
+
+    def charge_one_shot(self, index: int, node_ids: torch.Tensor) -> None:
+        self.ctx.charger.charge(node_ids, self.release, "one-shot-0", "one-shot", index)
+
+    def charge_pre_train(self, index: int, node_ids: torch.Tensor) -> None:
+        self.ctx.charger.charge(node_ids, self.release, "pre-train-0", "pre-train", index)
+
+    def train_stage(
+        self, stage: Stage, release: Callable[[torch.Tensor], torch.Tensor], parameters: Iterable[nn.Parameter]
+    ) -> None:
+        """An extractor's edge-free stage, trained with B in a session of its own."""
+        parameters = list(parameters)
+        session_id = f"{self.ctx.run_id}.{stage.name}"
+        self.open_session(session_id, stage.layers)  # on resume: replayed from its start
+        status, reason = "failed", "stage did not finish"
+        try:
+            optimizer = build_optimizer(self.ctx.config.optimizer, parameters) if parameters else None
+            StepLoop(self.ctx, TrainingPass(
+                session_id, self.roots, self.release, release, optimizer, stage.epochs, stage.layers,
+                f"{stage.name}", f"{stage.name} epoch",
+            )).run()
+            status, reason = "completed", "stage completed"
+        finally:
+            self.ctx.label_party.finish(session_id, status, reason)
+
+    def progress(self, message: str) -> None:
+        self.ctx.report(ProgressEvent("prepare", message=message, epsilon_spent=self.ctx.charger.epsilon_spent))
