@@ -385,7 +385,8 @@ class Accountant:
                         f"(seq {earlier.seq}); a retry must repeat the original charge exactly",
                     )
                 return earlier, True
-            if record.status != "active":
+            if record.status != "active" and not (kind == "predict" and record.status == "completed"):
+                # a completed run takes prediction passes only (docs/privacy.md, section 2.4)
                 raise AccountantError("FAILED_PRECONDITION", f"run {run_id!r} is {record.status}; it takes no more charges")
             if kind not in KINDS:
                 raise _invalid(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
@@ -480,6 +481,7 @@ class Accountant:
                 closed_at=record.closed_at,
                 closed_reason=record.closed_reason,
                 epsilon_curve=list(state.curve),
+                prediction_passes=sum(1 for kind in state.pass_kind.values() if kind == "predict"),
             )
 
     def list_runs(self) -> list[RunStatusView]:

@@ -12,6 +12,7 @@ from rich import box
 from rich.table import Table
 
 from vesper.benchmarks.audit_bench import audit_bench_command
+from vesper.benchmarks.import_bench import import_command
 from vesper.benchmarks.label_privacy_table import label_privacy_command
 from vesper.benchmarks.perf.command import perf_command
 from vesper.benchmarks.results_report import results_command
@@ -153,6 +154,9 @@ bench_app.command("soak")(soak_command)
 
 
 bench_app.command("perf")(perf_command)
+
+
+bench_app.command("import")(import_command)
 
 
 @bench_app.command("snr")

@@ -113,6 +113,12 @@ class PrivacyConfig(_Model):
         description="q: per release, A keeps a secret Poisson sample of its edges at this rate "
         "and is credited for it (visible-batch); unset = every edge",
     )
+    prediction_passes: int = Field(
+        0, ge=0, le=100,
+        description="prediction passes reserved in the budget (vesper predict; docs/privacy.md, section 2.4): each "
+        "releases every node of the dataset once, charged like the evaluation pass, and the noise is calibrated "
+        "for them up front; free (and needing none) for extractors whose evaluation releases cost nothing",
+    )
 
     @field_validator("epsilon")
     @classmethod
@@ -354,6 +360,10 @@ class PartyAConfig(_Model):
         "(every third of it); a resume of a run whose trainer was killed waits at most this long",
     )
     torch_threads: int | None = Field(None, ge=1, description=TORCH_THREADS)
+    alignment_pad_to: int | None = Field(
+        None, ge=1, le=1 << 31,
+        description="how many blinded keys this party sends in an alignment (docs/alignment.md): at least its key count; unset = the next power of two, so the other party learns the count only to within a factor of two",
+    )
 
 
 # a decoder has one output row per class: a bound keeps a stray label value from asking for terabytes
@@ -393,6 +403,10 @@ class PartyBConfig(_Model):
         DEFAULT_MAX_CLASSES, ge=2, le=1_000_000,
         description="the most classes B's labels may have: a label outside 0..max_classes-1 is refused when the data is loaded",
     )
+    alignment_pad_to: int | None = Field(
+        None, ge=1, le=1 << 31,
+        description="how many blinded keys this party sends in an alignment (docs/alignment.md): at least its key count; unset = the next power of two, so the other party learns the count only to within a factor of two",
+    )
 
 
 class AccountantConfig(_Model):
@@ -412,6 +426,7 @@ class AccountantConfig(_Model):
 
 class CoordinatorConfig(_Model):
     party_a: str = "127.0.0.1:50051"
+    party_b: str = Field("127.0.0.1:50052", description="party B's gRPC address, for the scores of vesper predict")
     accountant_status_url: str = "http://127.0.0.1:8080"
     tls: TlsConfig | None = Field(None, description="mutual TLS to party A; the CA also verifies the accountant's REST")
 

@@ -31,7 +31,13 @@ from typing import BinaryIO
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from vesper.common.dataset_files import DatasetError, bundled_path, load_graph_part, open_archive
+from vesper.common.dataset_files import (
+    DatasetError,
+    bundled_path,
+    load_graph_part,
+    open_archive,
+    require_graph_layout,
+)
 
 log = logging.getLogger(__name__)
 
@@ -345,6 +351,7 @@ def _graph_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """(edges [M, 2], features [N, F]) of a dataset, memory-mapped where the file allows."""
     archive, layout = open_archive(path)
     archive.close()
+    require_graph_layout(layout, path)  # the heterophily and graph layouts are read alike below
     if layout == "pitfalls":  # scipy CSR parts (Cora): small, read as load_graph_part does
         part = load_graph_part(path)
         return part.edges, part.features

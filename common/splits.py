@@ -1,7 +1,9 @@
 """Train/validation/test splits of labelled nodes, made by party B.
 
 A file's own masks are used when it has them (split 0 unless told otherwise);
-otherwise a stratified split with a fixed, recorded seed.
+otherwise a stratified split with a fixed, recorded seed. Only labelled nodes are ever in a
+split: a node party B holds but has not labelled (label -1, party B's own label files) is
+left out of the split B makes, and a file whose masks put one in a split is refused.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vesper.common.dataset_files import LabelPart
+from vesper.common.dataset_files import LabelPart, check_masks_labelled
 
 FRACTIONS = (0.5, 0.25, 0.25)
 
@@ -24,10 +26,11 @@ class Split:
 
 
 def stratified_split(labels: np.ndarray, seed: int, fractions: tuple[float, float, float] = FRACTIONS) -> Split:
-    """Per class, a seeded permutation cut into train/val/test by ``fractions``."""
+    """Per class, a seeded permutation cut into train/val/test by ``fractions`` (unlabelled nodes,
+    label -1, are in no class and no split)."""
     rng = np.random.default_rng(seed)
     parts: list[list[np.ndarray]] = [[], [], []]
-    for cls in np.unique(labels):
+    for cls in np.unique(labels[labels >= 0]):
         members = rng.permutation(np.flatnonzero(labels == cls))
         n_train = int(round(fractions[0] * members.size))
         n_val = int(round(fractions[1] * members.size))
@@ -39,21 +42,27 @@ def stratified_split(labels: np.ndarray, seed: int, fractions: tuple[float, floa
     return Split(train, val, test, f"stratified {shares}, seed {seed}")
 
 
-def random_split(num_nodes: int, seed: int, fractions: tuple[float, float, float] = FRACTIONS) -> Split:
-    """One seeded permutation of all nodes cut by ``fractions``: it never reads a label.
+def random_split(
+    num_nodes: int, seed: int, fractions: tuple[float, float, float] = FRACTIONS, nodes: np.ndarray | None = None,
+) -> Split:
+    """One seeded permutation of all nodes (or of ``nodes``: the labelled ones) cut by ``fractions``:
+    it never reads a label's value.
 
     Under label privacy the split is sent to party A (every batch names its roots), so
-    it must not depend on the labels it protects; a stratified split would.
+    it must not depend on the labels it protects; a stratified split would. Which nodes B has
+    labelled is not hidden from A: only they are roots.
     """
-    members = np.random.default_rng(seed).permutation(num_nodes)
-    n_train = int(round(fractions[0] * num_nodes))
-    n_val = int(round(fractions[1] * num_nodes))
+    rng = np.random.default_rng(seed)
+    members = rng.permutation(num_nodes) if nodes is None else rng.permutation(nodes)
+    n_train = int(round(fractions[0] * members.size))
+    n_val = int(round(fractions[1] * members.size))
     train, val, test = (
         np.sort(part).astype(np.int64)
         for part in (members[:n_train], members[n_train : n_train + n_val], members[n_train + n_val :])
     )
     shares = "/".join(str(round(100 * f)) for f in fractions)
-    return Split(train, val, test, f"random {shares} (label-independent), seed {seed}")
+    among = "" if nodes is None else f" of the {members.size} labelled nodes"
+    return Split(train, val, test, f"random {shares}{among} (label-independent), seed {seed}")
 
 
 def split_for(part: LabelPart, seed: int, index: int = 0, label_independent: bool = False) -> Split:
@@ -63,8 +72,11 @@ def split_for(part: LabelPart, seed: int, index: int = 0, label_independent: boo
     """
     if part.masks is None:
         if label_independent:
-            return random_split(part.labels.size, seed)
+            labelled = part.labels >= 0
+            nodes = None if labelled.all() else np.flatnonzero(labelled)
+            return random_split(part.labels.size, seed, nodes=nodes)
         return stratified_split(part.labels, seed)
+    check_masks_labelled(part.labels, part.masks)
     train_m, val_m, test_m = (m[index] for m in part.masks)
     return Split(
         np.flatnonzero(train_m).astype(np.int64),

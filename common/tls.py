@@ -27,6 +27,7 @@ from vesper.common.config import TlsConfig
 SERVICE_CALLERS: dict[str, tuple[str, ...]] = {
     "vesper.v1.GraphParty": ("coordinator", "party-a"),
     "vesper.v1.LabelParty": ("party-a",),
+    "vesper.v1.LabelOwner": ("coordinator",),
 }
 
 

@@ -185,6 +185,28 @@ class LabelPartyClient:
         """pate: embeddings for B's teachers; B answers with the answered queries."""
         return EvaluationStream(self._stub.Collect, self.address, self.timeout_s, "the teachers' queries")
 
+    def prediction(self) -> EvaluationStream:
+        """A prediction pass: every node's embeddings; B keeps its class probabilities."""
+        return EvaluationStream(self._stub.Predict, self.address, self.timeout_s, "the prediction pass")
+
+    def align_exchange(self, points: Iterator[lp_pb.AlignPoints], timeout_s: float) -> Iterator[lp_pb.AlignPoints]:
+        """Round 1 of the PSI (docs/alignment.md): A's blinded keys out, B's answers back."""
+        try:
+            yield from self._stub.AlignExchange(points, timeout=timeout_s)
+        except grpc.RpcError as error:
+            raise self._alignment_error(error) from None
+
+    def align_finish(self, points: Iterator[lp_pb.AlignPoints], timeout_s: float) -> lp_pb.AlignSummary:
+        """Round 2: V blinded by A's secret; B answers with the intersection's size."""
+        try:
+            return self._stub.AlignFinish(points, timeout=timeout_s)
+        except grpc.RpcError as error:
+            raise self._alignment_error(error) from None
+
+    def _alignment_error(self, error: grpc.RpcError) -> PeerError:
+        lost = error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        return (PeerLost if lost else PeerError)(f"party B at {self.address} failed the alignment: {describe_rpc_error(error)}")
+
     def finish(self, run_id: str, status: str, reason: str) -> None:
         """Best effort: B may be the reason the run ended."""
         try:

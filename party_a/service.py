@@ -11,30 +11,34 @@ import logging
 import queue
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
 import torch
 from pydantic import ValidationError
 
-from vesper.common.accountant_client import PeerError
+from vesper.common.accountant_client import PeerError, PeerLost
 from vesper.common.charge_token import TokenError, read_token
 from vesper.common.config import PartyAConfig, RunConfig, describe_validation_error
 from vesper.common.dataset_files import DatasetNotFound, resolve_dataset
 from vesper.common.grpc_server import start_server, wait_for_signal, write_ready_file
+from vesper.common.stores import GRAPH_FILE, aligned_datasets
 from vesper.common.torch_threads import apply_torch_threads
 from vesper.common.writable import check_writable_dir
+from vesper.party_a.alignment import align
 from vesper.party_a.extractors.registry import lookup, validated_params
 from vesper.party_a.peers import AccountantClient, LabelPartyClient
 from vesper.party_a.run import GraphData, GraphPartyRun, ProgressEvent
 from vesper.party_a.run.checkpoint_files import ResumeError, RunFiles, check_resumable
+from vesper.party_a.run.predict import PredictionPass
 from vesper.proto.v1 import graph_party_pb2 as pb
 from vesper.proto.v1 import graph_party_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
 RUN_ID = re.compile(r"^[0-9a-f]{12}$")
+ALIGN_TIMEOUT_S = 6 * 3600.0  # one alignment round with party B: a million keys take minutes
 
 
 def _progress_message(event: ProgressEvent, run_id: str, config: RunConfig) -> pb.RunEvent:
@@ -62,16 +66,20 @@ class GraphPartyService(pb_grpc.GraphPartyServicer):
                 self._data[key] = GraphData.load(path, self.device)
             return self._data[key]
 
-    def _resume_record(self, run_id: str, context: grpc.ServicerContext) -> tuple[RunConfig, dict]:
+    def _resume_record(
+        self, run_id: str, context: grpc.ServicerContext, resumable: bool = True,
+    ) -> tuple[RunConfig, dict]:
         """The run's settings and resume record from A's own disk (party_a.run.checkpoint_files)."""
         if not RUN_ID.match(run_id):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"run id {run_id!r} must match {RUN_ID.pattern}")
         try:
             record = RunFiles(self.settings.workdir / "runs" / run_id).load_start()
             config = RunConfig.model_validate(record["config"])
-            check_resumable(config)
+            if resumable:
+                check_resumable(config)
         except (ResumeError, ValidationError) as exc:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"cannot resume run {run_id}: {exc}")
+            what = "resume" if resumable else "serve"
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"cannot {what} run {run_id}: {exc}")
         return config, record
 
     def _claim(self, run_id: str, context: grpc.ServicerContext) -> None:
@@ -117,29 +125,73 @@ class GraphPartyService(pb_grpc.GraphPartyServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid run configuration: {exc}")
         yield from self._start(request, context, config, None)
 
-    def _start(
-        self, request: pb.StartRunRequest, context: grpc.ServicerContext, config: RunConfig, resume: dict | None
-    ) -> Iterator[pb.RunEvent]:
-        try:
-            data = self._load(resolve_dataset(config.dataset, self.settings.datasets))
-        except DatasetNotFound as exc:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"party A: {exc}")
-        except ValueError as exc:  # DatasetError included: the file is there, its contents cannot be used
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"party A cannot use dataset {config.dataset!r}: {exc}")
+    def datasets(self) -> dict[str, str]:
+        """A's ``[datasets]`` and the aligned datasets it holds (docs/alignment.md)."""
+        return {**self.settings.datasets, **aligned_datasets(self.settings.workdir, GRAPH_FILE)}
 
-        events: queue.Queue = queue.Queue()
-        label_party = LabelPartyClient(
+    def _label_party(self) -> LabelPartyClient:
+        return LabelPartyClient(
             self.settings.label_party, self.settings.max_message_mb, self.settings.step_timeout_s, tls=self.settings.tls
         )
+
+    def _accountant(self, context: grpc.ServicerContext) -> AccountantClient:
         token = None
         if self.settings.accountant_token_file is not None:
             try:
                 token = read_token(self.settings.accountant_token_file)
             except TokenError as exc:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"party A: {exc}")
-        accountant = AccountantClient(
-            self.settings.accountant, token, tls=self.settings.tls, retry_s=self.settings.peer_retry_s
-        )
+        return AccountantClient(self.settings.accountant, token, tls=self.settings.tls, retry_s=self.settings.peer_retry_s)
+
+    def Predict(self, request: pb.PredictRequest, context: grpc.ServicerContext) -> Iterator[pb.RunEvent]:
+        """A prediction pass of a finished run (party_a.run.predict), progress streamed."""
+        config, _ = self._resume_record(request.run_id, context, resumable=False)
+        self._claim(request.run_id, context)
+        label_party, accountant = self._label_party(), self._accountant(context)
+
+        def work(report: Callable[[ProgressEvent | str], None]) -> str:
+            data = self._load(resolve_dataset(config.dataset, self.datasets()))
+            done = PredictionPass(request.run_id, self.settings, data, label_party, accountant, report).execute()
+            log.info("run %s: prediction pass %d, %d nodes", done.run_id, done.pass_index, done.nodes)
+            return done.model_dump_json()
+
+        try:
+            yield from _in_background(f"the prediction of run {request.run_id}", "predict", work, context)
+        finally:
+            label_party.close()
+            accountant.close()
+            self._release(request.run_id)
+
+    def Align(self, request: pb.AlignRequest, context: grpc.ServicerContext) -> Iterator[pb.RunEvent]:
+        """A private id alignment with party B (party_a.alignment), progress streamed."""
+        label_party = self._label_party()
+
+        def work(report: Callable[[str], None]) -> str:
+            done = align(
+                self.settings.workdir, self.settings.datasets, request.dataset, request.alignment_id, label_party,
+                request.pad_to or self.settings.alignment_pad_to, ALIGN_TIMEOUT_S, report,
+            )
+            log.info("alignment %s of %s: %d keys in the intersection", done.alignment_id, done.dataset, done.size)
+            return done.model_dump_json()
+
+        try:
+            yield from _in_background(f"alignment {request.alignment_id}", "align", work, context)
+        finally:
+            label_party.close()
+
+    def _start(
+        self, request: pb.StartRunRequest, context: grpc.ServicerContext, config: RunConfig, resume: dict | None
+    ) -> Iterator[pb.RunEvent]:
+        try:
+            data = self._load(resolve_dataset(config.dataset, self.datasets()))
+        except DatasetNotFound as exc:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"party A: {exc}")
+        except ValueError as exc:  # DatasetError included: the file is there, its contents cannot be used
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"party A cannot use dataset {config.dataset!r}: {exc}")
+
+        events: queue.Queue = queue.Queue()
+        label_party = self._label_party()
+        accountant = self._accountant(context)
         if resume is not None:
             # before party B or A's run files are touched: a finished run's record stays as it is
             try:
@@ -185,6 +237,49 @@ class GraphPartyService(pb_grpc.GraphPartyServicer):
                 log.info("run %s %s: %s", run.run_id, event.status, event.message)
                 yield pb.RunEvent(summary_json=event.model_dump_json())
                 return
+
+
+_STATUS_OF = (  # how a background job's refusal reaches the coordinator
+    (DatasetNotFound, grpc.StatusCode.NOT_FOUND),
+    (PeerLost, grpc.StatusCode.UNAVAILABLE),
+    (PeerError, grpc.StatusCode.FAILED_PRECONDITION),
+    (ValueError, grpc.StatusCode.FAILED_PRECONDITION),
+)
+
+
+def _in_background(
+    what: str, phase: str, work: Callable[[Callable[[ProgressEvent | str], None]], str], context: grpc.ServicerContext,
+) -> Iterator[pb.RunEvent]:
+    """Run ``work(report)`` on a thread of its own; its progress (lines or events) streams as Progress
+    and its result (JSON) as the last event; a refusal becomes the call's status, a crash INTERNAL."""
+    events: queue.Queue = queue.Queue()
+    done = object()
+
+    def run() -> None:
+        try:
+            events.put((done, work(lambda message: events.put(message))))
+        except Exception as exc:  # noqa: BLE001 — mapped to a status below, in the caller's thread
+            events.put(exc)
+
+    threading.Thread(target=run, name=what, daemon=True).start()
+    while True:
+        event = events.get()
+        if isinstance(event, str):
+            yield pb.RunEvent(progress=pb.Progress(phase=phase, message=event))
+        elif isinstance(event, ProgressEvent):
+            yield pb.RunEvent(progress=pb.Progress(
+                phase=event.phase, step=event.step, total_steps=event.total_steps, epsilon_spent=event.epsilon_spent,
+                message=event.message,
+            ))
+        elif isinstance(event, tuple):
+            yield pb.RunEvent(result_json=event[1])
+            return
+        else:
+            for kind, code in _STATUS_OF:
+                if isinstance(event, kind):
+                    context.abort(code, f"party A: {what}: {event}")
+            log.error("%s crashed", what, exc_info=event)
+            context.abort(grpc.StatusCode.INTERNAL, f"{what} crashed in party A: {event!r}")
 
 
 def serve(settings: PartyAConfig, ready_file: Path | None = None) -> None:

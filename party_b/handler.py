@@ -24,11 +24,21 @@ from vesper.common.accountant_client import AccountantClient, BudgetRefused, Pee
 from vesper.common.charge_token import TokenError, read_token
 from vesper.common.config import DecoderConfig, LabelPrivacyConfig, OptimizerConfig, PartyBConfig
 from vesper.common.dataset_files import DatasetNotFound, resolve_dataset
+from vesper.common.stores import LABEL_FILE, aligned_datasets
 from vesper.common.wire import WireError, decode_tensor, dtype_from_proto, encode_tensor, node_mask, validate_node_ids
 from vesper.common.writable import SettingError, check_writable_dir, check_writable_file_dir
+from vesper.party_b.alignment import Alignments
 from vesper.party_b.errors import AlreadySetUp, BadRequest, OutOfBudget, Refused, Unavailable, UnknownRun
 from vesper.party_b.label_data import LabelStore, load_labels
 from vesper.party_b.label_guard import LabelGuard, LabelGuardError, secret_generator
+from vesper.party_b.prediction import (
+    ServedRun,
+    collect_predictions,
+    node_keys,
+    score_rows,
+    select_rows,
+    stored_probabilities,
+)
 from vesper.party_b.receipt_log import ReceiptLog
 from vesper.party_b.release_record import ReleaseRecord
 from vesper.party_b.session import LabelSession, SplitScores
@@ -101,6 +111,7 @@ class LabelParty:
         self._guards: dict[str, LabelGuard] = {}
         self._lock = threading.Lock()
         self.accountant = accountant_client(config, accountant_channel)
+        self.alignments = Alignments(config.workdir, config.datasets, config.alignment_pad_to)
 
     # -- helpers ---------------------------------------------------------------------------
     def _session(self, run_id: str) -> LabelSession:
@@ -124,6 +135,10 @@ class LabelParty:
     def _record_receipt(self, **entry: object) -> None:
         with disk_errors("record the release it received in its receipt log"):
             self.receipts.record(**entry)
+
+    def datasets(self) -> dict[str, str]:
+        """B's ``[datasets]`` and the aligned datasets it holds (docs/alignment.md)."""
+        return {**self.config.datasets, **aligned_datasets(self.config.workdir, LABEL_FILE)}
 
     def _run_dir(self, run_id: str) -> Path:
         return self.config.workdir / "runs" / run_id
@@ -149,6 +164,11 @@ class LabelParty:
         session = LabelSession(
             request.run_id, store, decoder, optimizer, request.embedding_dim, request.num_layers,
             wire_dtype, request.seed, self.device, guard,
+        )
+        session.served = ServedRun(
+            run_id=request.run_id, dataset=request.dataset, split_seed=request.split_seed,
+            label_independent=settings.mode != "none", decoder=decoder, dim=request.embedding_dim,
+            layers=request.num_layers, wire_dtype=wire_dtype, num_classes=store.num_classes,
         )
         if request.record_releases:
             session.record = ReleaseRecord(store.num_nodes, request.embedding_dim, request.num_layers)
@@ -180,7 +200,7 @@ class LabelParty:
 
     def _dataset(self, request: pb.SetupRunRequest, settings: LabelPrivacyConfig) -> LabelStore:
         try:
-            path = resolve_dataset(request.dataset, self.config.datasets)
+            path = resolve_dataset(request.dataset, self.datasets())
             return self._store(path, request.split_seed, label_independent=settings.mode != "none")
         except DatasetNotFound as exc:
             raise UnknownRun(str(exc)) from None
@@ -353,12 +373,76 @@ class LabelParty:
             label_epsilon_spent=outcome.epsilon_spent, label_note=outcome.note,
         )
 
+    # -- prediction (party_b/prediction.py) -------------------------------------------------
+    def _served(self, run_id: str) -> tuple[ServedRun, LabelStore, Path]:
+        """A finished run, its labels and its dataset's file."""
+        if not RUN_ID.fullmatch(run_id):
+            raise BadRequest(f"run id {run_id[:80]!r} must match {RUN_ID.pattern}")
+        served = ServedRun.load(self._run_dir(run_id))
+        settings = LabelPrivacyConfig(mode="rr", epsilon=1.0) if served.label_independent else LabelPrivacyConfig()
+        store, path = self._dataset_of(served.dataset, served.split_seed, settings)
+        return served, store, path
+
+    def _dataset_of(self, name: str, split_seed: int, settings: LabelPrivacyConfig) -> tuple[LabelStore, Path]:
+        try:
+            path = resolve_dataset(name, self.datasets())
+        except DatasetNotFound as exc:
+            raise UnknownRun(str(exc)) from None
+        return self._store(path, split_seed, label_independent=settings.mode != "none"), path
+
+    def predict(self, chunks: Iterator[pb.EvalChunk]) -> pb.PredictReply:
+        """A prediction pass of a finished run: B keeps its decoder's probabilities for every node."""
+        first = next(chunks, None)
+        if first is None:
+            raise BadRequest("an empty prediction stream")
+        self._record_receipt(kind="predict", run_id=first.run_id, eval_id=first.eval_id, num_nodes=len(first.node_ids))
+        served, store, _ = self._served(first.run_id)
+        with disk_errors(f"keep the predictions of run {first.run_id}"):
+            reply = collect_predictions(
+                served, self._run_dir(first.run_id), store.num_nodes, _recorded(first, chunks, self._record_receipt),
+                self.device, self.max_elements,
+            )
+        log.info("run %s: prediction pass %d, %d nodes", reply.run_id, reply.pass_index, reply.nodes)
+        return reply
+
+    def scores_plan(self, request: pb.ScoresRequest) -> pb.ScoresPlan:
+        served, store, path = self._served(request.run_id)
+        rows = select_rows(request, node_keys(path, store.num_nodes), store)
+        return pb.ScoresPlan(
+            run_id=request.run_id, rows=rows.size, classes=list(store.class_names),
+            predicted=stored_probabilities(self._run_dir(request.run_id)) is not None,
+        )
+
+    def scores(self, request: pb.ScoresRequest) -> Iterator[pb.ScoreRows]:
+        served, store, path = self._served(request.run_id)
+        keys = node_keys(path, store.num_nodes)
+        rows = select_rows(request, keys, store)
+        probabilities = stored_probabilities(self._run_dir(request.run_id))
+        if probabilities is None:
+            raise Refused(
+                f"party B holds no predictions of run {request.run_id} yet: a prediction pass of party A "
+                "(vesper predict) comes first"
+            )
+        return score_rows(rows, keys, probabilities, store.class_names)
+
+    # -- alignment (party_b/alignment.py) ---------------------------------------------------
+    def align_exchange(self, requests: Iterator[pb.AlignPoints]) -> Iterator[pb.AlignPoints]:
+        return self.alignments.exchange(requests)
+
+    def align_finish(self, requests: Iterator[pb.AlignPoints]) -> pb.AlignSummary:
+        summary = self.alignments.finish(requests)
+        log.info("alignment %s: %d keys in the intersection (B's unmatched keys: see its alignment.json)",
+                 summary.alignment_id, summary.size)
+        return summary
+
     # -- FinishRun ---------------------------------------------------------------------------
     def finish_run(self, request: pb.FinishRunRequest) -> pb.FinishRunReply:
         session = self._session(request.run_id)
         with session.lock:
             session.finished = True
             session.save(self._run_dir(request.run_id))
+            if session.served is not None:  # what prediction needs (party_b/prediction.py)
+                session.served.save(self._run_dir(request.run_id))
             if session.record is not None:
                 session.record.save(self._run_dir(request.run_id) / "received.npz")
         with self._lock:
@@ -450,3 +534,11 @@ def _setup_reply(session: LabelSession, settings: LabelPrivacyConfig) -> pb.Setu
         query_ids=queries.tolist(),
         label_note=guard.note,
     )
+
+
+def _recorded(first: pb.EvalChunk, rest: Iterator[pb.EvalChunk], record) -> Iterator[pb.EvalChunk]:  # noqa: ANN001
+    """The stream with its first chunk back in front, each later chunk in the receipt log first."""
+    yield first
+    for chunk in rest:
+        record(kind="predict", run_id=chunk.run_id, eval_id=chunk.eval_id, num_nodes=len(chunk.node_ids))
+        yield chunk

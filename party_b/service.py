@@ -70,17 +70,48 @@ class LabelPartyService(pb_grpc.LabelPartyServicer):
         with _statuses(context):
             return self.handler.finish_run(request)
 
+    def Predict(self, request_iterator: Iterator[pb.EvalChunk], context: grpc.ServicerContext) -> pb.PredictReply:
+        with _statuses(context):
+            return self.handler.predict(request_iterator)
+
+    def AlignExchange(
+        self, request_iterator: Iterator[pb.AlignPoints], context: grpc.ServicerContext
+    ) -> Iterator[pb.AlignPoints]:
+        with _statuses(context):
+            yield from self.handler.align_exchange(request_iterator)
+
+    def AlignFinish(self, request_iterator: Iterator[pb.AlignPoints], context: grpc.ServicerContext) -> pb.AlignSummary:
+        with _statuses(context):
+            return self.handler.align_finish(request_iterator)
+
+
+class LabelOwnerService(pb_grpc.LabelOwnerServicer):
+    """Party B's own operator's calls (``vesper predict``): the scores of a finished run."""
+
+    def __init__(self, handler: LabelParty) -> None:
+        self.handler = handler
+
+    def CheckKeys(self, request: pb.ScoresRequest, context: grpc.ServicerContext) -> pb.ScoresPlan:
+        with _statuses(context):
+            return self.handler.scores_plan(request)
+
+    def Scores(self, request: pb.ScoresRequest, context: grpc.ServicerContext) -> Iterator[pb.ScoreRows]:
+        with _statuses(context):
+            yield from self.handler.scores(request)
+
 
 def serve(config: PartyBConfig, ready_file: Path | None = None) -> None:
     check_writable_dir(config.workdir, "party_b.workdir")  # before it serves: SettingError otherwise
     if config.receipt_log is not None:
         check_writable_file_dir(config.receipt_log, "party_b.receipt_log")
     threads = apply_torch_threads(config.torch_threads)  # before any tensor work
-    name = pb.DESCRIPTOR.services_by_name["LabelParty"].full_name
-    server, port = start_server(
-        config.listen, [(pb_grpc.add_LabelPartyServicer_to_server, LabelPartyService(config), name)],
-        config.max_message_mb, tls=config.tls, tls_setting="party_b.tls",
-    )
+    service = LabelPartyService(config)
+    services = [
+        (pb_grpc.add_LabelPartyServicer_to_server, service, pb.DESCRIPTOR.services_by_name["LabelParty"].full_name),
+        (pb_grpc.add_LabelOwnerServicer_to_server, LabelOwnerService(service.handler),
+         pb.DESCRIPTOR.services_by_name["LabelOwner"].full_name),
+    ]
+    server, port = start_server(config.listen, services, config.max_message_mb, tls=config.tls, tls_setting="party_b.tls")
     log.info("party B serving on port %d (device %s, %d torch threads)", port, config.device, threads)
     write_ready_file(ready_file, grpc_port=port, torch_threads=threads)
     wait_for_signal(lambda: server.stop(grace=5).wait())

@@ -66,6 +66,7 @@ class LabelSession:
         for name in ("val", "test"):
             self.split_masks[name] = node_mask(torch.from_numpy(getattr(store.split, name)), store.num_nodes)
         self.record: ReleaseRecord | None = None  # audited runs: what B received (docs/audit.md)
+        self.served = None  # party_b.prediction.ServedRun: what serving the finished run needs
         self.next_step = 0
         self.lock = threading.Lock()
         self.streaming = False

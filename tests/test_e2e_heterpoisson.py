@@ -75,6 +75,7 @@ def test_node_level_run_charges_every_step_as_a_mixture_before_b_sees_it(cluster
         "train": (Z, step_sensitivity(counts, RHO), train_mass),
         "eval": (Z / math.sqrt(RHO), eval_sensitivity(eval_counts), eval_mass),
     }
+    expected["predict"] = expected["eval"]  # a prediction pass is charged as the evaluation pass (privacy.md 2.4)
     assert {rule["kind"] for rule in run["rules"]} == set(expected)
     for rule in run["rules"]:
         event = json.loads(rule["release_event"])

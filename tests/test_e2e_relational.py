@@ -102,8 +102,9 @@ def test_relational_charges_pre_training_first_and_trains_for_free(
         )
         assert pre_train_event(run) == one_chunk
         rules = {r["kind"]: r for r in run["rules"]}
-        assert set(rules) == {"pre-train", "train", "eval"}
-        assert "NoOpDpEvent" in rules["train"]["release_event"] and "NoOpDpEvent" in rules["eval"]["release_event"]
+        assert set(rules) == {"pre-train", "train", "eval", "predict"}
+        # training, evaluation and prediction passes re-serve the charged pre-training: free
+        assert all("NoOpDpEvent" in rules[kind]["release_event"] for kind in ("train", "eval", "predict"))
         pre = [r for r in rows if r["kind"] == "pre-train"]
         assert [r["seq"] for r in pre] == [0, 1] and all(r["counted"] and r["num_nodes"] == CORA_NODES for r in pre)
         assert len([r for r in rows if r["kind"] == "train"]) == summary["steps"] == epochs * 3

@@ -160,3 +160,20 @@ def test_the_trainer_turns_plans_into_charge_rules() -> None:
     with pytest.raises(ValueError, match="edge-free stages but a costly train rule"):
         costly = [rules[0], PlanRule(kind="train", participation_bound=1), rules[2]]
         release_of(ChargePlan(costly, 1.0, stages=(Stage("encoder", 1, 1),)))
+
+
+def test_a_prediction_rule_is_the_evaluation_rule_and_only_for_extractors_that_can_predict() -> None:
+    from vesper.common.privacy.ledger import PlanRule
+    from vesper.party_a.extractors.base import ChargePlan
+    from vesper.party_a.run.release import with_prediction
+
+    rules = [PlanRule(kind="train", participation_bound=1), PlanRule(kind="eval", participation_bound=2)]
+    config = RunConfig.model_validate({"privacy": {"epsilon": 4, "prediction_passes": 2}})
+    plan = with_prediction(ChargePlan(rules, 1.0), config)
+    assert [(r.kind, r.participation_bound) for r in plan.rules] == [("train", 1), ("eval", 2), ("predict", 2)]
+    assert plan.prediction_passes == 2
+    why = "its private neighbourhoods cover the run's roots only"
+    with pytest.raises(ValueError, match=r"cannot predict \(its private.*leave privacy.prediction_passes at 0, not 2"):
+        with_prediction(ChargePlan(rules, 1.0), config, why)
+    unserved = with_prediction(ChargePlan(rules, 1.0), RunConfig(), why)
+    assert [r.kind for r in unserved.rules] == ["train", "eval"] and unserved.prediction_passes == 0

@@ -133,6 +133,22 @@ def test_party_b_serves_only_party_a(cluster) -> None:
         stub.FinishRun(lp.FinishRunRequest(run_id="tls-role", status="cancelled", reason="role test"), timeout=30)
 
 
+def test_party_b_gives_scores_only_to_its_own_operator(cluster) -> None:
+    """LabelOwner (vesper predict's scores): the coordinator's certificate only; the prediction pass itself
+    (LabelParty.Predict) and the alignment's rounds only party A's."""
+    request = lp.ScoresRequest(run_id="abcdef012345", select="all")
+    for role in ("party-a", "party-b", "accountant"):
+        with open_channel(cluster.party_b_address, cluster.role_tls(role)) as channel:
+            error = _refused(lp_grpc.LabelOwnerStub(channel).CheckKeys, request, timeout=30)
+        assert error.code() == grpc.StatusCode.PERMISSION_DENIED and "'coordinator'" in error.details(), role
+    with open_channel(cluster.party_b_address, cluster.role_tls("coordinator")) as channel:
+        error = _refused(lp_grpc.LabelOwnerStub(channel).CheckKeys, request, timeout=30)
+        assert error.code() == grpc.StatusCode.NOT_FOUND and "no finished run" in error.details(), error.details()
+        chunk = lp.AlignPoints(alignment_id="x", dataset="cora", part="U")
+        error = _refused(lambda: list(lp_grpc.LabelPartyStub(channel).AlignExchange(iter([chunk]), timeout=30)))
+        assert error.code() == grpc.StatusCode.PERMISSION_DENIED and "'party-a'" in error.details(), error.details()
+
+
 def test_party_a_takes_runs_only_from_the_coordinator_or_itself(cluster) -> None:
     request = ga.StartRunRequest(run_config_json=json.dumps({"dataset": "no-such-dataset"}))
     for role in ("party-b", "accountant"):

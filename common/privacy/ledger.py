@@ -42,9 +42,9 @@ from vesper.common.versioning import Report
 
 # interrupted: a peer vanished mid-run; party A may reopen it and resume from its checkpoint
 RunState = Literal["active", "interrupted", "completed", "failed", "refused", "cancelled"]
-Kind = Literal["train", "eval", "one-shot", "pre-train"]
+Kind = Literal["train", "eval", "one-shot", "pre-train", "predict"]
 AccountingMode = Literal["visible-batch", "hidden-batch", "labels"]
-KINDS: tuple[Kind, ...] = ("train", "eval", "one-shot", "pre-train")
+KINDS: tuple[Kind, ...] = ("train", "eval", "one-shot", "pre-train", "predict")
 # Party B's label ledgers: this privacy unit always goes with this accounting mode, and back
 LABEL_UNIT = "label"
 LABEL_ACCOUNTING = "labels"
@@ -272,7 +272,7 @@ def check_hidden_batch_events(events: Mapping[str, dpa.DpEvent]) -> None:
         isinstance(train, dpa.PoissonSampledDpEvent) and isinstance(train.event, dpa.GaussianDpEvent)
     ):
         raise ValueError("hidden-batch training releases must be PoissonSampled(γ, Gaussian(z)) events")
-    for kind, what in (("eval", "evaluation"), ("one-shot", "one-shot")):
+    for kind, what in (("eval", "evaluation"), ("predict", "prediction"), ("one-shot", "one-shot")):
         if not isinstance(events.get(kind, dpa.NoOpDpEvent()), (dpa.NoOpDpEvent, dpa.NonPrivateDpEvent, dpa.GaussianDpEvent)):
             raise ValueError(f"hidden-batch {what} releases must be Gaussian events (nothing hides them)")
     if "pre-train" in events:
@@ -352,7 +352,7 @@ def bound6_epsilon(events: Mapping[str, dpa.DpEvent], counted: Mapping[str, int]
     sweep, one-shot) adds its Gaussian RDP before the conversion.
     """
     train, steps = events.get("train", dpa.NoOpDpEvent()), counted.get("train", 0)
-    unsampled = [(events[kind], counted.get(kind, 0)) for kind in ("eval", "one-shot") if kind in events]
+    unsampled = [(events[kind], counted.get(kind, 0)) for kind in ("eval", "predict", "one-shot") if kind in events]
     if (steps and isinstance(train, dpa.NonPrivateDpEvent)) or any(
         n and isinstance(event, dpa.NonPrivateDpEvent) for event, n in unsampled
     ):
@@ -505,6 +505,7 @@ class RunStatusView(Report):
     epsilon_curve: list[CurvePoint] = Field(
         description="ε after each charge that changed it (counted charges), in ledger order"
     )
+    prediction_passes: int = Field(0, description="prediction passes charged so far (kind predict, docs/privacy.md 2.4)")
 
 
 class LedgerView(Report):

@@ -1,7 +1,7 @@
 """``vesper``: serve the services, train, read budgets, run the demo — the command line as wiring.
 
 One module per command group (``serve``, ``runs``, ``budgets``, ``extractors``, ``certificates``,
-``data``; what they share is in ``shared``). The benchmarks (``vesper bench``, in
+``data``, ``serving`` (align, predict); what they share is in ``shared``). The benchmarks (``vesper bench``, in
 ``vesper.benchmarks``) and the audit (``vesper audit``, in ``vesper.auditor``) are registered
 lazily: they are imported only when asked for, so starting a service (``vesper serve``) never
 imports them.
@@ -15,7 +15,7 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from vesper.coordinator.cli import budgets, certificates, data, extractors, runs, serve
+from vesper.coordinator.cli import budgets, certificates, data, extractors, runs, serve, serving
 from vesper.coordinator.cli.shared import PLAIN_HELP, console  # noqa: F401 (console: what tests capture)
 from vesper.coordinator.cli.summaries import print_summaries  # noqa: F401 (re-exported)
 
@@ -58,6 +58,8 @@ app.command()(runs.demo)
 app.command("extractors")(extractors.extractors_command)
 app.command()(certificates.certs)
 app.add_typer(data.data_app, name="data")
+app.command()(serving.align)
+app.command()(serving.predict)
 
 
 def main() -> None:

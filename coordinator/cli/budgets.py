@@ -89,6 +89,12 @@ def _print_view(view, title: str = "") -> None:
     if view.accounting == "hidden-batch":
         console.print(hidden_batch_numbers(view.epsilon_events, view.epsilon_bound6), highlight=False)
     console.print(f"accounting: {view.assumption}", highlight=False)
+    reserved = view.details.get("prediction_passes")
+    if reserved or view.prediction_passes:
+        console.print(
+            f"prediction passes: {view.prediction_passes} made of {reserved or 0} reserved in the budget "
+            "(charged like the evaluation pass; free where the evaluation is)", highlight=False,
+        )
     if view.closed_reason:
         console.print(f"closed: {view.closed_reason}", highlight=False)
 

@@ -134,6 +134,11 @@ EdgeBoundOpt = typer.Option(
     help="A public upper bound on the number of A's edges, declared by A's operator; rates that need |E| use it "
     "(relational pre-training: q = expected_batch / edge bound), never the exact count.",
 )
+PredictionPassesOpt = typer.Option(
+    None, "--prediction-passes", min=0,
+    help="Prediction passes (vesper predict) to reserve in the budget; needed only by extractors whose "
+    "evaluation releases are charged (PMP, VFGNN, HeterPoisson); default 0.",
+)
 EdgeRateOpt = typer.Option(
     None, "--edge-sample-rate",
     help="q: A keeps a secret Poisson sample of its edges at this rate per release, credited under visible-batch.",
@@ -191,6 +196,7 @@ def run_overrides(**kw: Any) -> dict[str, Any]:
         "privacy.edge_sample_rate": kw["edge_sample_rate"],
         "privacy.delta": kw["delta"],
         "privacy.edge_bound": kw["edge_bound"],
+        "privacy.prediction_passes": kw.get("prediction_passes"),
         "extractor.degree_bound": kw["degree_bound"],
         "epochs": kw["epochs"],
         "seed": kw["seed"],

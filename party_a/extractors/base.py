@@ -80,6 +80,7 @@ class ExtractorSpec(BaseModel):
     relation: str = ""  # the neighbouring relation in words, recorded with every run (default by unit)
     edge_sampling: bool = False  # whether privacy.edge_sample_rate is supported
     docs: str = ""  # path of its docs page, relative to the repository
+    no_prediction: str = ""  # why `vesper predict` cannot serve its runs ("" = it can)
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class RootPlan:
     steps_per_epoch: int
     eval_chunks: int
     teacher_ids: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
+    predict_chunks: int = 0  # chunks of one prediction pass: every node B may name, each once
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,7 @@ class ChargePlan:
     stages: tuple[Stage, ...] = ()
     participation_bound: int | None = None  # N_e of the train rule, for the summary
     details: dict[str, Any] = field(default_factory=dict)  # recorded with the run
+    prediction_passes: int = 0  # reserved "predict" passes (the run adds their rule: party_a.run.release)
 
     def passes(self, epochs: int, roots: RootPlan) -> list[PlannedPass]:
         """Every pass the run will make, in order: what calibration must cover."""
@@ -136,6 +139,7 @@ class ChargePlan:
             passes += [PlannedPass(kind="train", releases=roots.steps_per_epoch)] * stage.epochs
         passes += [PlannedPass(kind="train", releases=roots.steps_per_epoch)] * epochs
         passes.append(PlannedPass(kind="eval", releases=roots.eval_chunks))
+        passes += [PlannedPass(kind="predict", releases=roots.predict_chunks)] * self.prediction_passes
         return passes
 
 
@@ -227,6 +231,12 @@ class Extractor(Protocol):
 
     def state_dict(self) -> dict[str, Any]: ...
 
+    def serving_state(self) -> dict[str, Any]:
+        """What a prediction pass needs beyond ``state_dict``: the run's already-charged one-shot
+        releases, which it serves again as post-processing (saved with the finished run)."""
+
+    def load_serving_state(self, state: dict[str, Any]) -> None: ...
+
 
 class ExtractorBase(nn.Module):
     """Defaults for the optional parts of :class:`Extractor`.
@@ -236,11 +246,23 @@ class ExtractorBase(nn.Module):
     """
 
     spec: ClassVar[ExtractorSpec]
+    # attributes that hold the run's charged one-shot releases (serving_state saves them)
+    SERVED: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, setup: ExtractorSetup) -> None:
         super().__init__()
         self.setup = setup
         self.noise_multiplier: float | None = None
+
+    def serving_state(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.SERVED}
+
+    def load_serving_state(self, state: dict[str, Any]) -> None:
+        missing = [name for name in self.SERVED if name not in state]
+        if missing:
+            raise ValueError(f"{self.spec.name}: the saved run lacks {', '.join(missing)}: it cannot be served")
+        for name in self.SERVED:
+            setattr(self, name, state[name])
 
     @property
     def output_layers(self) -> int:

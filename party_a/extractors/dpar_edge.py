@@ -118,7 +118,9 @@ class DparEdgeExtractor(ExtractorBase):
         summary="DPAR: private top-K personalised-PageRank neighbourhoods of every node released once "
         "(Gaussian or exponential mechanism); the encoder then aggregates over them for free",
         params=DparEdgeParams, uses=("dim", "encoder_hidden", "dropout", "noise_multiplier"),
-        accountings=("visible-batch",), docs="docs/extractors/dpar.md",
+        accountings=("visible-batch",),
+        no_prediction="its private neighbourhoods cover the run's roots only, not every node",
+        docs="docs/extractors/dpar.md",
     )
 
     def __init__(self, setup: ExtractorSetup) -> None:

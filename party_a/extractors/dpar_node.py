@@ -422,7 +422,9 @@ class DparNodeExtractor(ExtractorBase):
         summary="DPAR with node-level DP (add/remove one node with its features and edges): one-shot DP-APPR "
         "top-K neighbourhoods, then DP-SGD at A over them, with noise on every forward release too",
         params=DparNodeParams, uses=("dim", "encoder_hidden", "noise_multiplier"),
-        accountings=("visible-batch",), docs="docs/extractors/dpar-node.md",
+        accountings=("visible-batch",),
+        no_prediction="its private neighbourhoods cover the run's roots only, not every node",
+        docs="docs/extractors/dpar-node.md",
     )
 
     def __init__(self, setup: ExtractorSetup) -> None:

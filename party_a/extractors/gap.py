@@ -117,6 +117,7 @@ def encode_all(encoder: nn.Module, features: torch.Tensor) -> torch.Tensor:
 class GapExtractor(ExtractorBase):
     """K hops of aggregation perturbation, released once; rows of them per step (no-op)."""
 
+    SERVED = ("released",)  # the charged hops: a prediction pass serves their rows again
     spec: ClassVar[ExtractorSpec] = ExtractorSpec(
         name="gap", privacy_unit="edge", cost_model="one-shot",
         summary="GAP aggregation perturbation: edge-free encoder stage, then K noisy hops over the "

@@ -491,6 +491,7 @@ class RelationalPretraining:
 class RelationalExtractor(ExtractorBase):
     """Privately pre-trained per-node encoder; B receives h = f_Θ(X_roots), B x d x 1."""
 
+    SERVED = ("prepared",)  # the pre-trained Θ is in state_dict; this says pre-training was charged
     spec: ClassVar[ExtractorSpec] = ExtractorSpec(
         name="relational", privacy_unit="edge", cost_model="one-shot",
         summary="PvGaLM relational pre-training: A trains its feature encoder on its own edges with DP-SGD "

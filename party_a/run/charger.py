@@ -199,6 +199,8 @@ def ledger_details(
         "train_nodes": roots.train_ids.numel(),
         "steps_per_epoch": roots.steps_per_epoch,
         "eval_chunks": roots.eval_chunks,
+        "prediction_passes": plan.prediction_passes,
+        "predict_chunks": roots.predict_chunks,
         "one_shot_releases": plan.one_shot_releases,
         "pre_train_releases": plan.pre_train_releases,
         "relation": relation(extractor),

@@ -34,7 +34,7 @@ from vesper.party_a.run.label_session import root_plan, setup_request
 from vesper.party_a.run.lease import LeaseKeeper
 from vesper.party_a.run.preparation import Preparation
 from vesper.party_a.run.progress import ProgressEvent, Report
-from vesper.party_a.run.release import Release, check_plan_fits, plan_release
+from vesper.party_a.run.release import Release, check_plan_fits, plan_release, with_prediction
 from vesper.party_a.run.secrets import SecretGenerators
 from vesper.party_a.run.step_loop import STEP_TIMINGS_FILE, StepLoop, TrainingPass
 from vesper.party_a.run.step_timings import StepTimings
@@ -116,7 +116,7 @@ class GraphPartyRun:
         reply = self._open_session(self.run_id, extractor.output_layers, self.checkpoints.resume_step)
         self.milestones.b_ready = True
         self.summary = summaries.with_labels(cfg, self.summary, reply)
-        roots = root_plan(cfg, reply, self.data.graph.num_nodes)
+        roots = root_plan(cfg, reply, self.data.shared_nodes)
         extractor, evaluator = self._extractors(roots, reply.num_classes, extractor)
         plan, release = self._charges(roots, extractor, evaluator)
         self.summary = summaries.with_release(self.summary, cfg, reply.split, release, plan)
@@ -128,13 +128,13 @@ class GraphPartyRun:
         extractor.prepare(Preparation(self.ctx, roots, release, self._open_session))
         eval_index = 0
         if cfg.label_privacy.mode == "pate":
-            roots, eval_index, note = collect(self.ctx, roots, release, extractor, self.data.graph.num_nodes)
+            roots, eval_index, note = collect(self.ctx, roots, release, extractor, self.data.shared_nodes)
             self.summary = self.summary.model_copy(update={"label_note": note})
         optimizer = self._train(roots, release, extractor)
         if evaluator is not extractor:
             evaluator.load_state_dict(extractor.state_dict())
         metrics = evaluate(self.ctx, roots, release, evaluator, eval_index, self.hooks.evaluation_parts)
-        self._save(extractor, optimizer)
+        self._save(evaluator, optimizer)  # the model that evaluated (and predicts): TFTS's full-graph copy
         self.hooks.on_finish(self.ctx.run_dir())
         self._completed(metrics)
 
@@ -200,6 +200,7 @@ class GraphPartyRun:
                 f"{cfg.extractor.name} trains stage(s) {', '.join(s.name for s in plan.stages)} with them; "
                 "use e.g. relational, or relational-gap with encoder_epochs=0"
             )
+        plan = with_prediction(plan, cfg, extractor.spec.no_prediction)
         # a resumed run charges as it was calibrated, not as a new calibration might say
         release = self.resume["release"] if self.resume else plan_release(
             cfg, plan, lambda: self._calibrate(roots, plan), overrides_root_batches(extractor),
@@ -253,6 +254,7 @@ class GraphPartyRun:
                 "extractor": extractor.state_dict(),
                 "optimizer": None if optimizer is None else optimizer.state_dict(),
                 "config": self.config.model_dump(mode="json"),
+                "serving": extractor.serving_state(),  # charged one-shot releases a prediction pass serves
             },
             self.ctx.run_dir() / "extractor.pt",
         )

@@ -9,6 +9,7 @@ import torch
 
 from vesper.common.csr_cache import load_csr_part
 from vesper.common.dataset_files import load_graph_part
+from vesper.common.stores import shared_size
 from vesper.party_a.graph_store import Graph, build_graph
 
 
@@ -18,6 +19,13 @@ class GraphData:
 
     graph: Graph
     features: torch.Tensor
+    # an aligned dataset's K (docs/alignment.md): party B may name nodes 0..K-1 only; None = every node
+    shared: int | None = None
+
+    @property
+    def shared_nodes(self) -> int:
+        """How many nodes party B may name: the shared index of an aligned dataset, else the whole graph."""
+        return self.graph.num_nodes if self.shared is None else self.shared
 
     @classmethod
     def load(cls, path: Path, device: torch.device, *, memory_map: bool = True) -> GraphData:
@@ -30,7 +38,7 @@ class GraphData:
         if not memory_map:
             part = load_graph_part(path)
             graph = build_graph(part.edges, part.num_nodes).to(device)
-            return cls(graph, torch.from_numpy(part.features).to(device))
+            return cls(graph, torch.from_numpy(part.features).to(device), shared_size(path))
         csr = load_csr_part(path)
         graph = Graph(torch.from_numpy(csr.indptr), torch.from_numpy(csr.indices), csr.num_nodes).to(device)
-        return cls(graph, torch.from_numpy(csr.features).to(device))
+        return cls(graph, torch.from_numpy(csr.features).to(device), shared_size(path))

@@ -45,7 +45,7 @@ def _split_ids(reply: lp_pb.SetupRunReply, num_nodes: int, pate: bool) -> dict[s
     if reply.num_nodes != num_nodes:
         raise ValueError(
             f"node ids are not aligned: party B's labels cover {reply.num_nodes} nodes, "
-            f"party A's graph has {num_nodes}"
+            f"party A's graph has {num_nodes} (for an aligned dataset: its shared index)"
         )
     ids = {}
     for name in ("train", "val", "test", "query"):
@@ -88,6 +88,7 @@ def root_plan(config: RunConfig, reply: lp_pb.SetupRunReply, num_nodes: int) -> 
         steps_per_epoch=math.ceil(train.numel() / config.batch_size),
         eval_chunks=chunks,
         teacher_ids=ids["train"] if pate else torch.empty(0, dtype=torch.int64),
+        predict_chunks=math.ceil(num_nodes / chunk),  # a prediction pass: every node B may name, once
     )
     if tfts:
         train_chunks = math.ceil(train.numel() / tfts_chunk(roots, chunk))

@@ -8,6 +8,7 @@ the budget before anything is sent.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,6 +71,29 @@ def check_plan(name: str, plan: ChargePlan, chooses_roots: bool) -> None:
         )
     if plan.stages and any(r.kind == "train" and r.mechanism != "no-op" for r in plan.rules):
         raise ValueError(f"extractor {name} has edge-free stages but a costly train rule")
+
+
+def with_prediction(plan: ChargePlan, config: RunConfig, no_prediction: str = "") -> ChargePlan:
+    """The plan with a ``predict`` rule and the run's reserved prediction passes.
+
+    A prediction pass releases every node B may name, each once, as the evaluation pass
+    releases its nodes: its charge is the evaluation rule's, event and participation bound
+    alike (docs/privacy.md, section 2.4). Free when the evaluation's releases are. An
+    extractor that cannot serve predictions (``no_prediction``, its reason) gets no rule, and
+    a reservation for it is refused before anything is charged.
+    """
+    if no_prediction:
+        if config.privacy.prediction_passes:
+            raise ValueError(
+                f"{config.extractor.name} cannot predict ({no_prediction}): leave privacy.prediction_passes "
+                f"at 0, not {config.privacy.prediction_passes}"
+            )
+        return plan
+    evaluation = next(rule for rule in plan.rules if rule.kind == "eval")
+    return dataclasses.replace(
+        plan, rules=[*plan.rules, evaluation.model_copy(update={"kind": "predict"})],
+        prediction_passes=config.privacy.prediction_passes,
+    )
 
 
 def plan_release(

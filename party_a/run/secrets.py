@@ -10,14 +10,23 @@ from vesper.common.secret_randomness import secret_base
 
 # Distinguishes the noise generator from the sampling generator of the same secret base.
 _NOISE_LABEL = 0x5DEECE66D
+# Distinguishes a prediction pass's generators from the run's and from each other's.
+_PREDICTION_LABEL = 0x50524544 << 16  # "PRED"
+
+
+def prediction_label(pass_index: int) -> int:
+    """The label of prediction pass ``pass_index``'s generators (fresh noise for each pass)."""
+    return _PREDICTION_LABEL + pass_index + 1
 
 
 class SecretGenerators:
     """The run's sampling and noise generators; ``initial`` is their state before anything is
     drawn, from which a resumed run replays."""
 
-    def __init__(self, settings: PartyAConfig, run_seed: int, device: torch.device, resume: dict | None = None) -> None:
-        base = secret_base(settings.secret_seed, run_seed)
+    def __init__(
+        self, settings: PartyAConfig, run_seed: int, device: torch.device, resume: dict | None = None, label: int = 0,
+    ) -> None:
+        base = secret_base(settings.secret_seed, run_seed) ^ label
         self.sampling = torch.Generator().manual_seed(base)
         self.noise = torch.Generator(device=device).manual_seed(base ^ _NOISE_LABEL)
         if resume:

@@ -24,19 +24,23 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!vesper/proto/v1/graph_party.proto\x12\tvesper.v1\"A\n\x0fStartRunRequest\x12\x17\n\x0frun_config_json\x18\x01 \x01(\t\x12\x15\n\rresume_run_id\x18\x02 \x01(\t\"\xcd\x01\n\x08Progress\x12\r\n\x05phase\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06\x65pochs\x18\x03 \x01(\x04\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x13\n\x0btotal_steps\x18\x05 \x01(\x04\x12\x0c\n\x04loss\x18\x06 \x01(\x01\x12\x15\n\repsilon_spent\x18\x07 \x01(\x01\x12\x0f\n\x07message\x18\x08 \x01(\t\x12\x0e\n\x06run_id\x18\t \x01(\t\x12\x12\n\naccounting\x18\n \x01(\t\x12\x16\n\x0e\x65psilon_budget\x18\x0b \x01(\x01\"T\n\x08RunEvent\x12\'\n\x08progress\x18\x01 \x01(\x0b\x32\x13.vesper.v1.ProgressH\x00\x12\x16\n\x0csummary_json\x18\x02 \x01(\tH\x00\x42\x07\n\x05\x65vent2K\n\nGraphParty\x12=\n\x08StartRun\x12\x1a.vesper.v1.StartRunRequest\x1a\x13.vesper.v1.RunEvent0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!vesper/proto/v1/graph_party.proto\x12\tvesper.v1\"E\n\x0c\x41lignRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x14\n\x0c\x61lignment_id\x18\x02 \x01(\t\x12\x0e\n\x06pad_to\x18\x03 \x01(\x04\" \n\x0ePredictRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"A\n\x0fStartRunRequest\x12\x17\n\x0frun_config_json\x18\x01 \x01(\t\x12\x15\n\rresume_run_id\x18\x02 \x01(\t\"\xcd\x01\n\x08Progress\x12\r\n\x05phase\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06\x65pochs\x18\x03 \x01(\x04\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x13\n\x0btotal_steps\x18\x05 \x01(\x04\x12\x0c\n\x04loss\x18\x06 \x01(\x01\x12\x15\n\repsilon_spent\x18\x07 \x01(\x01\x12\x0f\n\x07message\x18\x08 \x01(\t\x12\x0e\n\x06run_id\x18\t \x01(\t\x12\x12\n\naccounting\x18\n \x01(\t\x12\x16\n\x0e\x65psilon_budget\x18\x0b \x01(\x01\"k\n\x08RunEvent\x12\'\n\x08progress\x18\x01 \x01(\x0b\x32\x13.vesper.v1.ProgressH\x00\x12\x16\n\x0csummary_json\x18\x02 \x01(\tH\x00\x12\x15\n\x0bresult_json\x18\x03 \x01(\tH\x00\x42\x07\n\x05\x65vent2\xc1\x01\n\nGraphParty\x12=\n\x08StartRun\x12\x1a.vesper.v1.StartRunRequest\x1a\x13.vesper.v1.RunEvent0\x01\x12\x37\n\x05\x41lign\x12\x17.vesper.v1.AlignRequest\x1a\x13.vesper.v1.RunEvent0\x01\x12;\n\x07Predict\x12\x19.vesper.v1.PredictRequest\x1a\x13.vesper.v1.RunEvent0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'vesper.proto.v1.graph_party_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STARTRUNREQUEST']._serialized_start=48
-  _globals['_STARTRUNREQUEST']._serialized_end=113
-  _globals['_PROGRESS']._serialized_start=116
-  _globals['_PROGRESS']._serialized_end=321
-  _globals['_RUNEVENT']._serialized_start=323
-  _globals['_RUNEVENT']._serialized_end=407
-  _globals['_GRAPHPARTY']._serialized_start=409
-  _globals['_GRAPHPARTY']._serialized_end=484
+  _globals['_ALIGNREQUEST']._serialized_start=48
+  _globals['_ALIGNREQUEST']._serialized_end=117
+  _globals['_PREDICTREQUEST']._serialized_start=119
+  _globals['_PREDICTREQUEST']._serialized_end=151
+  _globals['_STARTRUNREQUEST']._serialized_start=153
+  _globals['_STARTRUNREQUEST']._serialized_end=218
+  _globals['_PROGRESS']._serialized_start=221
+  _globals['_PROGRESS']._serialized_end=426
+  _globals['_RUNEVENT']._serialized_start=428
+  _globals['_RUNEVENT']._serialized_end=535
+  _globals['_GRAPHPARTY']._serialized_start=538
+  _globals['_GRAPHPARTY']._serialized_end=731
 # @@protoc_insertion_point(module_scope)

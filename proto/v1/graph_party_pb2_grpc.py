@@ -39,6 +39,16 @@ class GraphPartyStub:
                 request_serializer=vesper_dot_proto_dot_v1_dot_graph__party__pb2.StartRunRequest.SerializeToString,
                 response_deserializer=vesper_dot_proto_dot_v1_dot_graph__party__pb2.RunEvent.FromString,
                 _registered_method=True)
+        self.Align = channel.unary_stream(
+                '/vesper.v1.GraphParty/Align',
+                request_serializer=vesper_dot_proto_dot_v1_dot_graph__party__pb2.AlignRequest.SerializeToString,
+                response_deserializer=vesper_dot_proto_dot_v1_dot_graph__party__pb2.RunEvent.FromString,
+                _registered_method=True)
+        self.Predict = channel.unary_stream(
+                '/vesper.v1.GraphParty/Predict',
+                request_serializer=vesper_dot_proto_dot_v1_dot_graph__party__pb2.PredictRequest.SerializeToString,
+                response_deserializer=vesper_dot_proto_dot_v1_dot_graph__party__pb2.RunEvent.FromString,
+                _registered_method=True)
 
 
 class GraphPartyServicer:
@@ -50,12 +60,39 @@ class GraphPartyServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Align(self, request, context):
+        """Private id alignment with party B over the dataset's key store (docs/alignment.md);
+        progress, then a vesper.party_a.alignment.AlignmentReport as result_json.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Predict(self, request, context):
+        """A prediction pass of a finished run (docs/privacy.md, section 2.4): every node of the
+        run's dataset released to B, each chunk charged before it is sent; progress, then a
+        vesper.party_a.run.predict.PredictionReport as result_json.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GraphPartyServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'StartRun': grpc.unary_stream_rpc_method_handler(
                     servicer.StartRun,
                     request_deserializer=vesper_dot_proto_dot_v1_dot_graph__party__pb2.StartRunRequest.FromString,
+                    response_serializer=vesper_dot_proto_dot_v1_dot_graph__party__pb2.RunEvent.SerializeToString,
+            ),
+            'Align': grpc.unary_stream_rpc_method_handler(
+                    servicer.Align,
+                    request_deserializer=vesper_dot_proto_dot_v1_dot_graph__party__pb2.AlignRequest.FromString,
+                    response_serializer=vesper_dot_proto_dot_v1_dot_graph__party__pb2.RunEvent.SerializeToString,
+            ),
+            'Predict': grpc.unary_stream_rpc_method_handler(
+                    servicer.Predict,
+                    request_deserializer=vesper_dot_proto_dot_v1_dot_graph__party__pb2.PredictRequest.FromString,
                     response_serializer=vesper_dot_proto_dot_v1_dot_graph__party__pb2.RunEvent.SerializeToString,
             ),
     }
@@ -85,6 +122,60 @@ class GraphParty:
             target,
             '/vesper.v1.GraphParty/StartRun',
             vesper_dot_proto_dot_v1_dot_graph__party__pb2.StartRunRequest.SerializeToString,
+            vesper_dot_proto_dot_v1_dot_graph__party__pb2.RunEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Align(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/vesper.v1.GraphParty/Align',
+            vesper_dot_proto_dot_v1_dot_graph__party__pb2.AlignRequest.SerializeToString,
+            vesper_dot_proto_dot_v1_dot_graph__party__pb2.RunEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Predict(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/vesper.v1.GraphParty/Predict',
+            vesper_dot_proto_dot_v1_dot_graph__party__pb2.PredictRequest.SerializeToString,
             vesper_dot_proto_dot_v1_dot_graph__party__pb2.RunEvent.FromString,
             options,
             channel_credentials,

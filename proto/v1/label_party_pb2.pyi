@@ -192,3 +192,69 @@ class FinishRunRequest(_message.Message):
 class FinishRunReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class AlignPoints(_message.Message):
+    __slots__ = ("alignment_id", "dataset", "total", "part", "points")
+    ALIGNMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
+    POINTS_FIELD_NUMBER: _ClassVar[int]
+    alignment_id: str
+    dataset: str
+    total: int
+    part: str
+    points: bytes
+    def __init__(self, alignment_id: _Optional[str] = ..., dataset: _Optional[str] = ..., total: _Optional[int] = ..., part: _Optional[str] = ..., points: _Optional[bytes] = ...) -> None: ...
+
+class AlignSummary(_message.Message):
+    __slots__ = ("alignment_id", "size")
+    ALIGNMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    alignment_id: str
+    size: int
+    def __init__(self, alignment_id: _Optional[str] = ..., size: _Optional[int] = ...) -> None: ...
+
+class PredictReply(_message.Message):
+    __slots__ = ("run_id", "nodes", "pass_index")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    PASS_INDEX_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    nodes: int
+    pass_index: int
+    def __init__(self, run_id: _Optional[str] = ..., nodes: _Optional[int] = ..., pass_index: _Optional[int] = ...) -> None: ...
+
+class ScoresRequest(_message.Message):
+    __slots__ = ("run_id", "select", "keys")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    SELECT_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    select: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., select: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ScoresPlan(_message.Message):
+    __slots__ = ("run_id", "rows", "predicted", "classes")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_FIELD_NUMBER: _ClassVar[int]
+    CLASSES_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    rows: int
+    predicted: bool
+    classes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., rows: _Optional[int] = ..., predicted: _Optional[bool] = ..., classes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ScoreRows(_message.Message):
+    __slots__ = ("classes", "keys", "predicted", "probabilities")
+    CLASSES_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_FIELD_NUMBER: _ClassVar[int]
+    PROBABILITIES_FIELD_NUMBER: _ClassVar[int]
+    classes: _containers.RepeatedScalarFieldContainer[str]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    predicted: _containers.RepeatedScalarFieldContainer[str]
+    probabilities: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, classes: _Optional[_Iterable[str]] = ..., keys: _Optional[_Iterable[str]] = ..., predicted: _Optional[_Iterable[str]] = ..., probabilities: _Optional[_Iterable[float]] = ...) -> None: ...

@@ -59,6 +59,21 @@ class LabelPartyStub:
                 request_serializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.FinishRunRequest.SerializeToString,
                 response_deserializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.FinishRunReply.FromString,
                 _registered_method=True)
+        self.AlignExchange = channel.stream_stream(
+                '/vesper.v1.LabelParty/AlignExchange',
+                request_serializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.AlignPoints.SerializeToString,
+                response_deserializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.AlignPoints.FromString,
+                _registered_method=True)
+        self.AlignFinish = channel.stream_unary(
+                '/vesper.v1.LabelParty/AlignFinish',
+                request_serializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.AlignPoints.SerializeToString,
+                response_deserializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.AlignSummary.FromString,
+                _registered_method=True)
+        self.Predict = channel.stream_unary(
+                '/vesper.v1.LabelParty/Predict',
+                request_serializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.EvalChunk.SerializeToString,
+                response_deserializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.PredictReply.FromString,
+                _registered_method=True)
 
 
 class LabelPartyServicer:
@@ -104,6 +119,33 @@ class LabelPartyServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AlignExchange(self, request_iterator, context):
+        """Private id alignment (docs/alignment.md), a Diffie–Hellman PSI in two rounds.
+        AlignExchange: A streams its blinded keys "U" (the first message names the alignment,
+        B's dataset and how many points follow); B answers with "Ub", U blinded by its own
+        secret in U's order, then with its own blinded keys "V" (shuffled).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AlignFinish(self, request_iterator, context):
+        """AlignFinish: A streams "Va", V blinded by its secret in V's order; B stores the
+        shared index over the intersection and answers with its size.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Predict(self, request_iterator, context):
+        """A prediction pass of a finished run: A streams the embeddings of every node of the
+        run's dataset (split "predict", eval_id = the pass's index), each chunk charged as a
+        "predict" release; B keeps its decoder's class probabilities for every node.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LabelPartyServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -131,6 +173,21 @@ def add_LabelPartyServicer_to_server(servicer, server):
                     servicer.FinishRun,
                     request_deserializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.FinishRunRequest.FromString,
                     response_serializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.FinishRunReply.SerializeToString,
+            ),
+            'AlignExchange': grpc.stream_stream_rpc_method_handler(
+                    servicer.AlignExchange,
+                    request_deserializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.AlignPoints.FromString,
+                    response_serializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.AlignPoints.SerializeToString,
+            ),
+            'AlignFinish': grpc.stream_unary_rpc_method_handler(
+                    servicer.AlignFinish,
+                    request_deserializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.AlignPoints.FromString,
+                    response_serializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.AlignSummary.SerializeToString,
+            ),
+            'Predict': grpc.stream_unary_rpc_method_handler(
+                    servicer.Predict,
+                    request_deserializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.EvalChunk.FromString,
+                    response_serializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.PredictReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -268,6 +325,208 @@ class LabelParty:
             '/vesper.v1.LabelParty/FinishRun',
             vesper_dot_proto_dot_v1_dot_label__party__pb2.FinishRunRequest.SerializeToString,
             vesper_dot_proto_dot_v1_dot_label__party__pb2.FinishRunReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlignExchange(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/vesper.v1.LabelParty/AlignExchange',
+            vesper_dot_proto_dot_v1_dot_label__party__pb2.AlignPoints.SerializeToString,
+            vesper_dot_proto_dot_v1_dot_label__party__pb2.AlignPoints.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlignFinish(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/vesper.v1.LabelParty/AlignFinish',
+            vesper_dot_proto_dot_v1_dot_label__party__pb2.AlignPoints.SerializeToString,
+            vesper_dot_proto_dot_v1_dot_label__party__pb2.AlignSummary.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Predict(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/vesper.v1.LabelParty/Predict',
+            vesper_dot_proto_dot_v1_dot_label__party__pb2.EvalChunk.SerializeToString,
+            vesper_dot_proto_dot_v1_dot_label__party__pb2.PredictReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class LabelOwnerStub:
+    """Party B's own operator (the coordinator's certificate under TLS): the scores of a run.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.CheckKeys = channel.unary_unary(
+                '/vesper.v1.LabelOwner/CheckKeys',
+                request_serializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.ScoresRequest.SerializeToString,
+                response_deserializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.ScoresPlan.FromString,
+                _registered_method=True)
+        self.Scores = channel.unary_stream(
+                '/vesper.v1.LabelOwner/Scores',
+                request_serializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.ScoresRequest.SerializeToString,
+                response_deserializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.ScoreRows.FromString,
+                _registered_method=True)
+
+
+class LabelOwnerServicer:
+    """Party B's own operator (the coordinator's certificate under TLS): the scores of a run.
+    """
+
+    def CheckKeys(self, request, context):
+        """Which rows a request selects, checked before anything is released: a key outside the
+        run's shared index is refused by name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Scores(self, request, context):
+        """The selected rows: key, predicted class (as B named it) and every class's probability.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_LabelOwnerServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'CheckKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckKeys,
+                    request_deserializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.ScoresRequest.FromString,
+                    response_serializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.ScoresPlan.SerializeToString,
+            ),
+            'Scores': grpc.unary_stream_rpc_method_handler(
+                    servicer.Scores,
+                    request_deserializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.ScoresRequest.FromString,
+                    response_serializer=vesper_dot_proto_dot_v1_dot_label__party__pb2.ScoreRows.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'vesper.v1.LabelOwner', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('vesper.v1.LabelOwner', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class LabelOwner:
+    """Party B's own operator (the coordinator's certificate under TLS): the scores of a run.
+    """
+
+    @staticmethod
+    def CheckKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vesper.v1.LabelOwner/CheckKeys',
+            vesper_dot_proto_dot_v1_dot_label__party__pb2.ScoresRequest.SerializeToString,
+            vesper_dot_proto_dot_v1_dot_label__party__pb2.ScoresPlan.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Scores(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/vesper.v1.LabelOwner/Scores',
+            vesper_dot_proto_dot_v1_dot_label__party__pb2.ScoresRequest.SerializeToString,
+            vesper_dot_proto_dot_v1_dot_label__party__pb2.ScoreRows.FromString,
             options,
             channel_credentials,
             insecure,
