@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench-accounting bench-extractors bench-extractors-sweep bench-label-privacy bench-soak bench-perf results results-quick proto check-proto clean
+.PHONY: demo test test-slow bench-accounting bench-extractors bench-extractors-sweep bench-label-privacy bench-soak bench-perf results results-quick proto check-proto clean wheelhouse gpu-check gpu-check-dry-run
 TOLOKERS ?= ../shared/data/tolokers.npz
 
 $(STAMP): pyproject.toml
@@ -70,6 +70,22 @@ bench-soak: $(STAMP)
 bench-perf: $(STAMP)
 	$(BIN)/vesper bench perf --tolokers $(TOLOKERS) --out docs/performance.md
 
+# vesper and its dependencies but torch as wheels, for a host with no package index (the GPU
+# check below; air-gapped hosts). PYTHON_VERSION: the target's python (the GPU machines': 3.12)
+PYTHON_VERSION ?= 3.12
+wheelhouse: $(STAMP)
+	deploy/wheelhouse.sh $(PYTHON_VERSION)
+
+# on a machine with one NVIDIA GPU and its own python with a CUDA torch (no package index
+# needed: bring .wheelhouse/): the CUDA-marked tests and CPU-against-CUDA figures, one table,
+# under 8 minutes. The dry run does the same here with the CPU standing in (docs/performance.md)
+gpu-check:
+	deploy/gpu-check.sh
+
+gpu-check-dry-run: $(STAMP)
+	deploy/wheelhouse.sh $$($(BIN)/python -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+	deploy/gpu-check.sh --dry-run
+
 proto: $(STAMP)
 	$(BIN)/python -m vesper.proto.generate
 
@@ -77,4 +93,4 @@ check-proto: $(STAMP)
 	$(BIN)/python -m vesper.proto.generate --check
 
 clean:
-	rm -rf $(VENV) .vesper .pytest_cache .hypothesis *.egg-info
+	rm -rf $(VENV) .vesper .pytest_cache .hypothesis *.egg-info .wheelhouse

@@ -15,6 +15,7 @@ from vesper.benchmarks.audit_bench import audit_bench_command
 from vesper.benchmarks.import_bench import import_command
 from vesper.benchmarks.label_privacy_table import label_privacy_command
 from vesper.benchmarks.perf.command import perf_command
+from vesper.benchmarks.perf.device_check import device_command
 from vesper.benchmarks.results_report import results_command
 from vesper.benchmarks.soak_bench import soak_command
 from vesper.benchmarks.utility_bench import utility_command
@@ -154,6 +155,9 @@ bench_app.command("soak")(soak_command)
 
 
 bench_app.command("perf")(perf_command)
+
+
+bench_app.command("device")(device_command)
 
 
 bench_app.command("import")(import_command)

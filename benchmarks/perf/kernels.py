@@ -394,6 +394,28 @@ class LayerBench:
         return _profile_top(steps)
 
 
+def layer_bench(
+    dataset_path: Path | str, fanouts: Sequence[int], batch_size: int, dim: int, batches: int, device: str,
+) -> LayerBench:
+    """``batches`` subgraphs sampled from the file's training roots as in training, on ``device``."""
+    fanout, layers = _single_fanout(fanouts), len(fanouts)
+    data = load_graph(dataset_path, device)
+    graph = data.graph
+    sampler = NeighbourSampler(graph, fanout, layers)
+    order, secret = torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)
+    roots = _epoch_batches(data.train_roots, batch_size, order)[:batches]
+    capped = graph.degree.clamp(max=fanout) if fanout else graph.degree
+    return LayerBench([localise(sg, capped) for sg in sample_epoch(sampler, roots, secret)], dim, torch.device(device))
+
+
+def pmp_layer_medians(bench: LayerBench, name: str, layers: int, fanout: int, noise_std: float, repeats: int) -> tuple[float, float, int]:
+    """Median seconds per forward + backward of ``name``'s layers and of the sparse GCN reference."""
+    torch.manual_seed(0)
+    reference = SparseGcn(bench.dim, layers).to(bench.device)
+    model = _pmp_model(name, layers, fanout, bench.dim, bench.local[0].capped_degree).to(bench.device)
+    return bench.medians(model, reference, noise_std, repeats)
+
+
 def layer_figures(
     dataset_path: Path | str = DEFAULT_DATASET,
     fanouts: Sequence[int] = (10, 10),
@@ -410,13 +432,7 @@ def layer_figures(
     fanout, layers = _single_fanout(fanouts), len(fanouts)
     if quick:
         batches = min(batches, 8)
-    data = load_graph(dataset_path, device)
-    graph = data.graph
-    sampler = NeighbourSampler(graph, fanout, layers)
-    order, secret = torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)
-    roots = _epoch_batches(data.train_roots, batch_size, order)[:batches]
-    capped = graph.degree.clamp(max=fanout) if fanout else graph.degree
-    bench = LayerBench([localise(sg, capped) for sg in sample_epoch(sampler, roots, secret)], dim, torch.device(device))
+    bench = layer_bench(dataset_path, fanouts, batch_size, dim, batches, device)
     command = COMMAND.format(source="layer")
     with torch_threads(threads):
         return [
@@ -428,11 +444,11 @@ def layer_figures(
 def _layer_figure(
     bench: LayerBench, name: str, layers: int, fanout: int, noise_std: float, repeats: int, command: str, threads: int,
 ) -> PerfFigure:
+    pmp, gcn, steps = pmp_layer_medians(bench, name, layers, fanout, noise_std, repeats)
     torch.manual_seed(0)
     reference = SparseGcn(bench.dim, layers).to(bench.device)
     capped = bench.local[0].capped_degree
     model = _pmp_model(name, layers, fanout, bench.dim, capped).to(bench.device)
-    pmp, gcn, steps = bench.medians(model, reference, noise_std, repeats)
     ratio = pmp / gcn
     passed = ratio <= LAYER_GOAL
     bound = ""

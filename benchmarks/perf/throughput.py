@@ -67,12 +67,15 @@ class ThroughputOptions(BaseModel):
     repeats: int = Field(3, ge=1)
     seed: int = 0
     secret_seed: int = 0
+    noise_multiplier: float | None = Field(None, gt=0, description="fixed z (no calibration); unset: calibrated for ε")
 
     def run_config(self, dataset: str) -> dict:
+        extractor = {"name": self.extractor, "layers": self.layers, "fanout": self.fanout}
+        if self.noise_multiplier is not None:
+            extractor["noise_multiplier"] = self.noise_multiplier
         return {
             "dataset": dataset, "epochs": self.epochs, "batch_size": self.batch_size, "seed": self.seed,
-            "privacy": {"epsilon": self.epsilon},
-            "extractor": {"name": self.extractor, "layers": self.layers, "fanout": self.fanout},
+            "privacy": {"epsilon": self.epsilon}, "extractor": extractor,
         }
 
 
@@ -134,7 +137,10 @@ def two_party_rate(cluster: object, options: ThroughputOptions) -> Rate:
 class OneProcess:
     """A's extractor, B's session and (optionally) an accountant, all in this process."""
 
-    def __init__(self, options: ThroughputOptions, dataset_path: Path, workdir: Path, charged: bool) -> None:
+    def __init__(
+        self, options: ThroughputOptions, dataset_path: Path, workdir: Path, charged: bool, device: str = "cpu",
+    ) -> None:
+        """``device``: where A's extractor and B's session compute (both, as one process would)."""
         from vesper.accountant.budget import Accountant
         from vesper.accountant.ledger_store import LedgerStore
         from vesper.common.config import RunConfig
@@ -150,7 +156,7 @@ class OneProcess:
 
         cfg = RunConfig.model_validate(options.run_config(str(dataset_path)))
         self.config = cfg
-        device = torch.device("cpu")
+        device = torch.device(device)
         data = GraphData.load(dataset_path, device)
         store = load_labels(dataset_path, cfg.split_seed)
         split = store.split
@@ -203,8 +209,9 @@ class OneProcess:
         if self.store is not None:
             self.store.close()
 
-    def run(self, warmup_steps: int) -> Rate:
-        """Train ``epochs`` epochs as the trainer does; the steady state after the warm-up."""
+    def run(self, warmup_steps: int, max_steps: int | None = None) -> Rate:
+        """Train ``epochs`` epochs as the trainer does (or stop after ``max_steps`` steps); the
+        steady state after the warm-up."""
         from vesper.common.accountant_client import nodes_digest
 
         cfg = self.config
@@ -241,6 +248,10 @@ class OneProcess:
                     phases[name].append(seconds)
                 ends.append(ended)
                 index += 1
+                if max_steps is not None and len(ends) >= max_steps:
+                    break
+            if max_steps is not None and len(ends) >= max_steps:
+                break
         rate, steps = steady_rate(ends, warmup_steps)
         return Rate(rate, steps, {name: values[warmup_steps:] for name, values in phases.items()})
 
