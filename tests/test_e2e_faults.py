@@ -44,13 +44,16 @@ def test_killing_party_b_mid_run_interrupts_the_run_and_resuming_it_gives_the_un
         assert first is not None and first.status == "interrupted", first
         assert "party B at" in first.message and f"vesper train --resume {first.run_id}" in first.message
         assert first.steps >= 12  # B had received 13 steps when it was killed
+        assert outcome.final.status == "completed", (
+            f"the resumed run: {outcome.final.message}\n--- party A ---\n{cluster.services['party-a'].log_tail(60)}"
+            f"\n--- party B ---\n{cluster.services['party-b'].log_tail(30)}"
+        )
         # every release B received was charged first; the resumed run re-sent some, charging none twice
         charged = ledger_rows(cluster.status_url, outcome.run_id)
         train_keys = [row[1] for row in charged if row[3] == "train"]
         assert len(train_keys) == len(set(train_keys)) == reference.steps
         received = received_steps(cluster, outcome.run_id)
         assert len(received) > reference.steps  # the steps after B's checkpoint came twice
-        assert outcome.final.status == "completed", outcome.final.message
         assert charged == ledger_rows(cluster.status_url, reference.run_id)
         assert outcome.final.epsilon_spent == reference.epsilon_spent
         # the same model: the resumed run recomputed every release bit for bit (A's journal checks it)
