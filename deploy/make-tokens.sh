@@ -21,7 +21,8 @@ for name in charge.token label-charge.token; do
         echo "kept $dir/$name"
         continue
     fi
-    # 32 random bytes as 64 hex characters: one token, no whitespace (common/charge_token.py)
+    # 32 random bytes as 64 hex characters: one token, no whitespace. Any such token is read
+    # (common/charge_token.py); the accountant's own, when it makes one, are 43 base64url characters
     token=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
     printf '%s\n' "$token" > "$dir/$name"
     echo "wrote $dir/$name"
