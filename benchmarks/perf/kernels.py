@@ -408,11 +408,17 @@ def layer_bench(
     return LayerBench([localise(sg, capped) for sg in sample_epoch(sampler, roots, secret)], dim, torch.device(device))
 
 
-def pmp_layer_medians(bench: LayerBench, name: str, layers: int, fanout: int, noise_std: float, repeats: int) -> tuple[float, float, int]:
-    """Median seconds per forward + backward of ``name``'s layers and of the sparse GCN reference."""
+def layer_models(bench: LayerBench, name: str, layers: int, fanout: int) -> tuple[PmpExtractor, SparseGcn]:
+    """``name``'s layers and the sparse GCN reference, on the bench's device, from seed 0."""
     torch.manual_seed(0)
     reference = SparseGcn(bench.dim, layers).to(bench.device)
     model = _pmp_model(name, layers, fanout, bench.dim, bench.local[0].capped_degree).to(bench.device)
+    return model, reference
+
+
+def pmp_layer_medians(bench: LayerBench, name: str, layers: int, fanout: int, noise_std: float, repeats: int) -> tuple[float, float, int]:
+    """Median seconds per forward + backward of ``name``'s layers and of the sparse GCN reference."""
+    model, reference = layer_models(bench, name, layers, fanout)
     return bench.medians(model, reference, noise_std, repeats)
 
 
@@ -444,11 +450,9 @@ def layer_figures(
 def _layer_figure(
     bench: LayerBench, name: str, layers: int, fanout: int, noise_std: float, repeats: int, command: str, threads: int,
 ) -> PerfFigure:
-    pmp, gcn, steps = pmp_layer_medians(bench, name, layers, fanout, noise_std, repeats)
-    torch.manual_seed(0)
-    reference = SparseGcn(bench.dim, layers).to(bench.device)
+    model, reference = layer_models(bench, name, layers, fanout)
     capped = bench.local[0].capped_degree
-    model = _pmp_model(name, layers, fanout, bench.dim, capped).to(bench.device)
+    pmp, gcn, steps = bench.medians(model, reference, noise_std, repeats)
     ratio = pmp / gcn
     passed = ratio <= LAYER_GOAL
     bound = ""
