@@ -11,6 +11,7 @@ privacy cost.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from typing import Literal
@@ -70,6 +71,11 @@ def encode_tensor(tensor: torch.Tensor, dtype: WireDType) -> tensor_pb2.Tensor:
     return tensor_pb2.Tensor(
         dtype=dtype_to_proto(dtype), shape=list(host.shape), data=array.tobytes()
     )
+
+
+def tensor_digest(message: tensor_pb2.Tensor) -> str:
+    """SHA-256 of a wire tensor exactly as it goes on the wire (A's release journal, B's receipt log)."""
+    return hashlib.sha256(message.SerializeToString(deterministic=True)).hexdigest()
 
 
 def decode_tensor(

@@ -25,7 +25,15 @@ from vesper.common.charge_token import TokenError, read_token
 from vesper.common.config import DecoderConfig, LabelPrivacyConfig, OptimizerConfig, PartyBConfig
 from vesper.common.dataset_files import DatasetNotFound, resolve_dataset
 from vesper.common.stores import LABEL_FILE, aligned_datasets
-from vesper.common.wire import WireError, decode_tensor, dtype_from_proto, encode_tensor, node_mask, validate_node_ids
+from vesper.common.wire import (
+    WireError,
+    decode_tensor,
+    dtype_from_proto,
+    encode_tensor,
+    node_mask,
+    tensor_digest,
+    validate_node_ids,
+)
 from vesper.common.writable import SettingError, check_writable_dir, check_writable_file_dir
 from vesper.party_b.alignment import Alignments
 from vesper.party_b.errors import AlreadySetUp, BadRequest, OutOfBudget, Refused, Unavailable, UnknownRun
@@ -262,7 +270,10 @@ class LabelParty:
         session: LabelSession | None = None
         try:
             for request in requests:
-                self._record_receipt(kind="train", run_id=request.run_id, step=request.step, num_nodes=len(request.node_ids))
+                self._record_receipt(
+                    kind="train", run_id=request.run_id, step=request.step, num_nodes=len(request.node_ids),
+                    sha256=tensor_digest(request.embeddings),
+                )
                 if session is None:
                     session = self._claim_stream(request.run_id)
                 elif request.run_id != session.run_id:
@@ -308,7 +319,10 @@ class LabelParty:
         scores: dict[str, SplitScores] = {}
         seen: dict[str, torch.Tensor] = {}
         for chunk in chunks:
-            self._record_receipt(kind="eval", run_id=chunk.run_id, eval_id=chunk.eval_id, num_nodes=len(chunk.node_ids))
+            self._record_receipt(
+                kind="eval", run_id=chunk.run_id, eval_id=chunk.eval_id, num_nodes=len(chunk.node_ids),
+                sha256=tensor_digest(chunk.embeddings),
+            )
             if session is None:
                 session, eval_id = self._session(chunk.run_id), chunk.eval_id
             elif chunk.run_id != session.run_id or chunk.eval_id != eval_id:

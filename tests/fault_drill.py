@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,9 +41,13 @@ def uninterrupted(cluster: LocalCluster) -> RunSummary:
     return drive_run(cluster.party_a_address, RunConfig.model_validate(DRILL_RUN), QUIET)
 
 
-def kill_mid_run(cluster: LocalCluster, victim: str, after_steps: int = 13, down_s: float = 0.0) -> DrillOutcome:
+def kill_mid_run(
+    cluster: LocalCluster, victim: str, after_steps: int = 13, down_s: float = 0.0,
+    before_resume: Callable[[str], None] | None = None,
+) -> DrillOutcome:
     """Start the drill run, SIGKILL ``victim`` once B has received ``after_steps`` steps of it,
-    start the victim again ``down_s`` later, and resume the run if it did not carry on by itself."""
+    start the victim again ``down_s`` later, and resume the run if it did not carry on by itself
+    (calling ``before_resume(run_id)`` first)."""
     log = Path(cluster.extra_b["receipt_log"])
     before = len(log.read_text().splitlines()) if log.exists() else 0
     outcome: dict = {}
@@ -67,6 +72,8 @@ def kill_mid_run(cluster: LocalCluster, victim: str, after_steps: int = 13, down
     run_id = first.run_id if first else error.split("during run ")[1].split()[0]
     final = first
     if first is None or first.status != "completed":
+        if before_resume is not None:
+            before_resume(run_id)
         final = drive_run(cluster.party_a_address, None, QUIET, resume_run_id=run_id)
     return DrillOutcome(first, error, run_id, final)
 
@@ -85,3 +92,12 @@ def ledger_rows(status_url: str, run_id: str) -> list[tuple]:
 
 def received_steps(cluster: LocalCluster, run_id: str) -> list[int]:
     return [entry["step"] for entry in receipts(Path(cluster.extra_b["receipt_log"]), run_id) if entry["kind"] == "train"]
+
+
+def received_digests(cluster: LocalCluster, run_id: str) -> dict[int, set[str]]:
+    """Per training step of the run, the SHA-256 of each release B received for it (B's receipt log)."""
+    digests: dict[int, set[str]] = {}
+    for entry in receipts(Path(cluster.extra_b["receipt_log"]), run_id):
+        if entry["kind"] == "train":
+            digests.setdefault(entry["step"], set()).add(entry["sha256"])
+    return digests

@@ -10,7 +10,10 @@ import torch
 from vesper.common.config import RunConfig
 from vesper.common.wire import encode_tensor
 from vesper.party_a.run.checkpoint_files import (
+    JOURNAL_FILE,
     KEEP,
+    REPLAY_TOLERANCE,
+    SENT_DIR,
     Checkpoint,
     Position,
     ReleaseJournal,
@@ -18,22 +21,111 @@ from vesper.party_a.run.checkpoint_files import (
     ResumeError,
     RunFiles,
     check_resumable,
+    release_digest,
 )
+from vesper.proto.v1 import tensor_pb2
 
 
 def test_the_journal_records_each_release_once_and_refuses_a_replay_that_differs(tmp_path: Path) -> None:
+    """Without the bytes sent (a journal from before sent/ existed, or a host that lost them),
+    a replay must hash to what was sent, bit for bit."""
     path = tmp_path / "releases.jsonl"
     sent = encode_tensor(torch.arange(6.0).reshape(1, 3, 2), "float32")
     journal = ReleaseJournal(path)
-    journal.before_send("train-0/0", sent)
+    assert journal.before_send("train-0/0", sent) is sent
     reopened = ReleaseJournal(path)  # after a crash
     reopened.before_send("train-0/0", encode_tensor(torch.arange(6.0).reshape(1, 3, 2), "float32"))  # same bytes: fine
     assert len(path.read_text().splitlines()) == 1
     other = encode_tensor(torch.arange(6.0).reshape(1, 3, 2) + 1e-6, "float32")
-    with pytest.raises(ReplayDiverged, match="train-0/0 recomputed on resume differs"):
+    with pytest.raises(ReplayDiverged, match="train-0/0 recomputed on resume differs.*not kept"):
         reopened.before_send("train-0/0", other)
     reopened.before_send("train-0/1", other)  # a new key is a new release
     assert len(path.read_text().splitlines()) == 2
+
+
+def _release(values: torch.Tensor) -> tensor_pb2.Tensor:
+    return encode_tensor(values.reshape(2, 3, 2), "float32")
+
+
+def test_a_replay_that_differs_by_rounding_sends_the_bytes_sent_before(tmp_path: Path) -> None:
+    files = RunFiles(tmp_path)
+    values = torch.linspace(-1.0, 2.0, 12)
+    sent = _release(values)
+    files.journal().before_send("train-0/0", sent)
+    resumed = files.journal()  # after a crash
+    rounding = _release(values * (1 + 3e-7))  # another thread schedule or alignment of the same math
+    assert release_digest(rounding) != release_digest(sent)
+    again = resumed.before_send("train-0/0", rounding)
+    assert release_digest(again) == release_digest(sent)  # B gets the same bytes: nothing new
+    assert [key for key, _ in resumed.inexact_replays] == ["train-0/0"]
+    assert 0 < resumed.inexact_replays[0][1] < REPLAY_TOLERANCE["float32"]
+    assert len((tmp_path / JOURNAL_FILE).read_text().splitlines()) == 1  # no second entry, no second release
+
+
+def test_a_bfloat16_release_one_rounding_step_off_is_rounding(tmp_path: Path) -> None:
+    files = RunFiles(tmp_path)
+    values = torch.linspace(-1.0, 2.0, 12).to(torch.bfloat16).reshape(2, 3, 2)
+    files.journal().before_send("train-0/0", encode_tensor(values.float(), "bfloat16"))
+    bits = values.view(torch.int16).clone()
+    bits[-1, -1, -1] += 1  # the largest value, one bfloat16 step up: the widest a rounding flip can be
+    off = encode_tensor(bits.view(torch.bfloat16).float(), "bfloat16")
+    resumed = files.journal()
+    assert release_digest(resumed.before_send("train-0/0", off)) == release_digest(
+        encode_tensor(values.float(), "bfloat16")
+    )
+    assert resumed.inexact_replays and resumed.inexact_replays[0][1] > REPLAY_TOLERANCE["float32"]
+
+
+@pytest.mark.parametrize("recomputed", [
+    pytest.param(lambda v: v * 1.01, id="parameters-not-restored"),
+    pytest.param(lambda v: v + torch.randn(12, generator=torch.Generator().manual_seed(1)), id="other-noise"),
+    pytest.param(lambda v: torch.zeros(12), id="zeros"),
+])
+def test_a_replay_further_than_rounding_is_refused_and_nothing_is_sent(tmp_path: Path, recomputed) -> None:
+    files = RunFiles(tmp_path)
+    values = torch.linspace(-1.0, 2.0, 12)
+    files.journal().before_send("train-0/0", _release(values))
+    with pytest.raises(ReplayDiverged, match="train-0/0 recomputed on resume differs .* by .* of its largest value"):
+        files.journal().before_send("train-0/0", _release(recomputed(values)))
+
+
+def test_a_replay_of_another_shape_or_dtype_is_refused(tmp_path: Path) -> None:
+    files = RunFiles(tmp_path)
+    files.journal().before_send("eval-0/0", _release(torch.ones(12)))
+    with pytest.raises(ReplayDiverged, match="eval-0/0"):
+        files.journal().before_send("eval-0/0", encode_tensor(torch.ones(3, 2, 2), "float32"))
+    with pytest.raises(ReplayDiverged, match="eval-0/0"):
+        files.journal().before_send("eval-0/0", encode_tensor(torch.ones(2, 3, 2), "bfloat16"))
+
+
+def test_kept_bytes_that_are_torn_or_lost_fall_back_to_the_bit_for_bit_check(tmp_path: Path) -> None:
+    files = RunFiles(tmp_path)
+    values = torch.linspace(-1.0, 2.0, 12)
+    files.journal().before_send("train-0/0", _release(values))
+    files.journal().before_send("train-0/1", _release(values))
+    kept = sorted((tmp_path / SENT_DIR).iterdir())
+    assert [p.name for p in kept] == ["train-0%2F0.pb", "train-0%2F1.pb"]
+    kept[0].write_bytes(kept[0].read_bytes()[:-3])  # torn: a host that lost power before it reached the disk
+    kept[1].unlink()
+    for key in ("train-0/0", "train-0/1"):
+        with pytest.raises(ReplayDiverged, match="not kept"):
+            files.journal().before_send(key, _release(values * (1 + 3e-7)))
+
+
+def test_kept_bytes_follow_the_checkpoints_and_go_when_the_run_ends(tmp_path: Path) -> None:
+    files = RunFiles(tmp_path)
+    journal = files.journal()
+    for step in range(3 * (KEEP + 1)):
+        journal.before_send(f"train-0/{step}", _release(torch.full((12,), float(step))))
+        if step % 3 == 2:
+            journal.checkpointed()
+    journal.before_send("eval-0/0", _release(torch.ones(12)))
+    kept = {p.name for p in (tmp_path / SENT_DIR).iterdir()}
+    # a resume replays from the older of the KEEP newest checkpoints (after steps 5 and 8): steps 6 on
+    assert kept == {f"train-0%2F{step}.pb" for step in range(6, 9)} | {"eval-0%2F0.pb"}
+    journal.discard_kept()
+    assert not (tmp_path / SENT_DIR).exists()
+    assert len((tmp_path / JOURNAL_FILE).read_text().splitlines()) == 10  # the journal keeps every entry
 
 
 def test_a_torn_last_journal_line_is_a_release_never_sent_but_a_torn_middle_is_refused(tmp_path: Path) -> None:

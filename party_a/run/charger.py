@@ -168,7 +168,13 @@ class WriteAheadCharger:
         timer.mark("charge")
         message = encode_tensor(embeddings, self.config.wire_dtype)
         timer.mark("encode")
-        self.journal.before_send(key, message)
+        replays = len(self.journal.inexact_replays)
+        message = self.journal.before_send(key, message)  # on resume: the bytes sent before
+        if len(self.journal.inexact_replays) > replays:
+            self.report(ProgressEvent("train", message=(
+                f"release {key} recomputed on resume differed from the one sent in its last bits "
+                f"(by {self.journal.inexact_replays[-1][1]:.2g} of its largest value): sent again as sent before"
+            ), epsilon_spent=self.epsilon_spent))
         timer.mark("journal")
         return embeddings, message
 

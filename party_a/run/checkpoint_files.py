@@ -10,18 +10,23 @@
                        and the position in the epoch; the newest KEEP are kept
     releases.jsonl     one line per release sent to B: its release key and the SHA-256
                        of the exact bytes sent, appended (and synced) before it is sent
+    sent/              the exact bytes of the releases a resume may recompute (those sent
+                       since the oldest kept checkpoint, the preparation's and the
+                       evaluation's); removed once the run can no longer resume
 
 A resumed run replays from its last checkpoint. Every release it recomputes that the
-ledger already holds must hash to what was sent: re-sending the same bytes tells B
-nothing new and the accountant recognises the charge (idempotent per release key). A
-recomputed release that differs is never sent (:class:`ReplayDiverged`): that would be
-a second release charged once.
+ledger already holds is sent again as the bytes sent before (``sent/``): re-sending the
+same bytes tells B nothing new and the accountant recognises the charge (idempotent per
+release key). The recomputation is checked against them: floating-point rounding (another
+thread schedule, another memory alignment of the same math) may change its last bits,
+which is logged; a recomputed release further than that from what was sent means the
+checkpoint did not restore the run, and nothing is sent (:class:`ReplayDiverged`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
+import logging
 import os
 import pickle
 import re
@@ -29,14 +34,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+from urllib.parse import quote
 
 import torch
 
 from vesper.common.config import RunConfig
+from vesper.common.wire import WireError, decode_tensor, dtype_from_proto, tensor_digest
 from vesper.proto.v1 import tensor_pb2
+
+log = logging.getLogger(__name__)
 
 RESUME_FILE = "resume.pt"
 JOURNAL_FILE = "releases.jsonl"
+SENT_DIR = "sent"
+# A recomputed release within this fraction of its largest |value| of the bytes sent differs by
+# floating-point rounding only (bfloat16 on the wire: one rounding step is up to 2^-8 of a value,
+# so two steps); a state the checkpoint failed to restore (parameters, the noise stream, the
+# sampled neighbours) moves it by the order of the noise itself (docs/faults.md).
+REPLAY_TOLERANCE = {"float32": 1e-3, "bfloat16": 2.0**-7}
 KEEP = 2
 TRAIN_PASS = "train-"  # release keys of the main training loop: "train-<epoch>/<index>"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)\.pt$")
@@ -52,7 +67,22 @@ class ResumeError(ValueError):
 
 def release_digest(message: tensor_pb2.Tensor) -> str:
     """SHA-256 of the tensor exactly as it goes on the wire."""
-    return hashlib.sha256(message.SerializeToString(deterministic=True)).hexdigest()
+    return tensor_digest(message)
+
+
+def replay_gap(sent: tensor_pb2.Tensor, recomputed: tensor_pb2.Tensor) -> float:
+    """How far a recomputed release is from the one sent: max |difference| over the sent
+    release's largest |value| (infinite if either is not a tensor of the same shape and dtype)."""
+    try:
+        before = decode_tensor(sent, name="sent release", require_finite=False, max_abs=None)
+        after = decode_tensor(recomputed, name="recomputed release", require_finite=False, max_abs=None)
+    except WireError:
+        return float("inf")
+    if before.shape != after.shape or sent.dtype != recomputed.dtype:
+        return float("inf")
+    scale = before.abs().max().item() if before.numel() else 0.0
+    gap = (before - after).abs().max().item() if before.numel() else 0.0
+    return gap / scale if scale > 0 else (0.0 if gap == 0 else float("inf"))
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
@@ -114,16 +144,20 @@ class Checkpoint:
 
 
 class ReleaseJournal:
-    """``releases.jsonl``: the digest of every release sent, and the check of replays."""
+    """``releases.jsonl``: the digest of every release sent; ``sent/``: the bytes a resume may
+    send again; and the check of replays."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, sent_dir: Path | None = None) -> None:
         self.path = path
+        self.sent_dir = sent_dir
         self.sent: dict[str, str] = {}
+        self.inexact_replays: list[tuple[str, float]] = []  # (key, replay_gap) of each release re-sent
         # keys of training releases, one list per interval between checkpoints (oldest first):
-        # their digests leave memory once no kept checkpoint precedes them (checkpointed())
+        # their digests (and bytes) are dropped once no kept checkpoint precedes them (checkpointed())
         self._train_keys: list[list[str]] = [[]]
         if path.exists():
-            for number, line in enumerate(path.read_text().splitlines(), 1):
+            lines = path.read_text().splitlines()
+            for number, line in enumerate(lines, 1):
                 try:
                     entry = json.loads(line)
                     self.sent[entry["key"]] = entry["sha256"]
@@ -131,21 +165,17 @@ class ReleaseJournal:
                         self._train_keys[0].append(entry["key"])
                 except (json.JSONDecodeError, KeyError, TypeError):
                     # only the last line can be torn (a crash mid-append), and its release was never sent
-                    if number != len(path.read_text().splitlines()):
+                    if number != len(lines):
                         raise ResumeError(f"{path} line {number} is not a journal entry") from None
 
-    def before_send(self, key: str, message: tensor_pb2.Tensor) -> None:
-        """Record the release about to be sent, or check a replayed one against the record."""
+    def before_send(self, key: str, message: tensor_pb2.Tensor) -> tensor_pb2.Tensor:
+        """Record the release about to be sent, or check a replayed one against the record.
+        Returns what to send: the release itself, or for a replay the bytes sent before."""
         digest = release_digest(message)
         earlier = self.sent.get(key)
         if earlier is not None:
-            if earlier != digest:
-                raise ReplayDiverged(
-                    f"release {key} recomputed on resume differs from the one sent before (sha256 "
-                    f"{digest[:12]} against {earlier[:12]}); it was not sent: sending it would be a second "
-                    "release under one charge. The run cannot be resumed on this host/configuration"
-                )
-            return
+            return message if digest == earlier else self._replayed(key, message, digest, earlier)
+        self._keep(key, message)
         with self.path.open("a") as handle:
             handle.write(json.dumps({"key": key, "sha256": digest}) + "\n")
             handle.flush()
@@ -153,17 +183,83 @@ class ReleaseJournal:
         self.sent[key] = digest
         if key.startswith(TRAIN_PASS):
             self._train_keys[-1].append(key)
+        return message
+
+    def _replayed(self, key: str, recomputed: tensor_pb2.Tensor, digest: str, earlier: str) -> tensor_pb2.Tensor:
+        """A recomputed release whose bytes differ from those sent: the bytes sent, if they are
+        kept and the difference is rounding; otherwise ReplayDiverged."""
+        sent = self._kept(key, earlier)
+        if sent is None:
+            raise ReplayDiverged(
+                f"release {key} recomputed on resume differs from the one sent before (sha256 {digest[:12]} "
+                f"against {earlier[:12]}), and the bytes sent are not kept to send again; it was not sent: "
+                "sending it would be a second release under one charge. The run cannot be resumed"
+            )
+        gap = replay_gap(sent, recomputed)
+        tolerance = REPLAY_TOLERANCE.get(dtype_from_proto(sent.dtype), 0.0)
+        if gap > tolerance:
+            raise ReplayDiverged(
+                f"release {key} recomputed on resume differs from the one sent before by {gap:.3g} of its "
+                f"largest value, more than floating-point rounding ({tolerance:g}): the checkpoint did "
+                "not restore the run's state. Nothing was sent. The run cannot be resumed"
+            )
+        log.warning(
+            "release %s recomputed on resume differs from the one sent in its last bits (by %.3g of its largest "
+            "value); the bytes sent before are sent again", key, gap,
+        )
+        self.inexact_replays.append((key, gap))
+        return sent
+
+    def _file(self, key: str) -> Path:
+        assert self.sent_dir is not None
+        return self.sent_dir / (quote(key, safe="") + ".pb")
+
+    def _keep(self, key: str, message: tensor_pb2.Tensor) -> None:
+        """The bytes about to be sent, for a resume to send again. Written to a temporary name
+        and renamed, not synced: a process killed keeps them (the page cache survives it); a
+        host that loses power may lose them, and its replay is then checked bit for bit."""
+        if self.sent_dir is None:
+            return
+        self.sent_dir.mkdir(exist_ok=True)
+        path = self._file(key)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(message.SerializeToString(deterministic=True))
+        tmp.replace(path)
+
+    def _kept(self, key: str, digest: str) -> tensor_pb2.Tensor | None:
+        """The bytes sent under ``key``, if kept and intact (their digest is the journal's)."""
+        if self.sent_dir is None or not self._file(key).exists():
+            return None
+        message = tensor_pb2.Tensor()
+        try:
+            message.ParseFromString(self._file(key).read_bytes())
+        except Exception:  # noqa: BLE001 - a torn or foreign file: not the bytes sent
+            return None
+        return message if release_digest(message) == digest else None
 
     def checkpointed(self) -> None:
         """A checkpoint was saved. A resume replays training from a kept checkpoint (the KEEP
-        newest), so digests of training releases sent before the oldest of them are never
-        looked up again: without this, memory grows by ~190 bytes per step for the whole run.
-        releases.jsonl keeps every entry; the preparation's releases (replayed whole on
-        resume) stay in memory."""
+        newest), so training releases sent before the oldest of them are never looked up
+        again: their digests leave memory (~190 bytes per step otherwise, for the whole run)
+        and their bytes leave ``sent/``. releases.jsonl keeps every entry; the preparation's
+        and the evaluation's releases (replayed whole on resume) stay."""
         self._train_keys.append([])
         while len(self._train_keys) > KEEP:
             for key in self._train_keys.pop(0):
                 self.sent.pop(key, None)
+                if self.sent_dir is not None:
+                    self._file(key).unlink(missing_ok=True)
+
+    def discard_kept(self) -> None:
+        """The run can no longer resume: the bytes kept for a resume go."""
+        if self.sent_dir is None or not self.sent_dir.exists():
+            return
+        try:
+            for path in self.sent_dir.iterdir():
+                path.unlink(missing_ok=True)
+            self.sent_dir.rmdir()
+        except OSError as exc:  # the run is over either way: say what is left behind
+            log.warning("could not remove %s (%s): delete it by hand; nothing needs it", self.sent_dir, exc)
 
 
 def check_resumable(config: RunConfig) -> None:
@@ -198,7 +294,7 @@ class RunFiles:
         return _load(path)
 
     def journal(self) -> ReleaseJournal:
-        return ReleaseJournal(self.run_dir / JOURNAL_FILE)
+        return ReleaseJournal(self.run_dir / JOURNAL_FILE, self.run_dir / SENT_DIR)
 
     def checkpoint_steps(self) -> list[int]:
         steps = []

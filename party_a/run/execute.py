@@ -274,6 +274,8 @@ class GraphPartyRun:
         if done.run_created and not done.lost_accountant and not done.lost_lease:
             try:
                 summary = summaries.with_closed(summary, self.charger.close(summary.status, summary.message))
+                if summary.status != "interrupted":  # closed for good: never resumed, the bytes kept for it go
+                    self.charger.journal.discard_kept()
             except PeerError as exc:
                 summary = summary.model_copy(update={"message": f"{summary.message}; {exc}"})
         if done.b_ready and not done.lost_lease:
