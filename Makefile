@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench-accounting bench-extractors bench-extractors-sweep bench-label-privacy bench-soak bench-perf results results-quick proto check-proto clean wheelhouse gpu-check gpu-check-dry-run
+.PHONY: demo test test-slow bench-peer bench-accounting bench-extractors bench-extractors-sweep bench-label-privacy bench-soak bench-perf results results-quick proto check-proto clean wheelhouse gpu-check gpu-check-dry-run
 TOLOKERS ?= ../shared/data/tolokers.npz
 
 $(STAMP): pyproject.toml
@@ -68,7 +68,19 @@ bench-soak: $(STAMP)
 # process, pipelining, sampler and PMP layer against their references, wire bytes, accountant
 # latency, scale; writes docs/performance.md (run it on a quiet machine)
 bench-perf: $(STAMP)
-	$(BIN)/vesper bench perf --tolokers $(TOLOKERS) --out docs/performance.md
+	$(BIN)/vesper bench perf --tolokers $(TOLOKERS) --out docs/performance.md \
+		$(if $(wildcard $(PEER_ENV)/bin/python),--peer-env $(PEER_ENV))
+
+# DGL 2.1 and its torch 2.1 in a side environment, only to be measured against: the sampler
+# figure of bench-perf times DGL there in the same run (without it, DGL is not measured).
+# About 5 GB: PyPI's torch 2.1 brings its CUDA libraries. Never imported by vesper.
+PEER_ENV ?= .peer-env
+bench-peer:
+	test -x $(PEER_ENV)/bin/python || $(PYTHON) -m venv $(PEER_ENV)
+	# PIP_CONSTRAINT empty: this machine's pip caps torch for vesper's own environment, not this one
+	PIP_CONSTRAINT= $(PEER_ENV)/bin/python -m pip install --quiet "torch==2.1.2" "dgl==2.1.0" "torchdata==0.7.1" \
+		"numpy<2" "pandas<2.3" pyyaml pydantic
+	$(PEER_ENV)/bin/python -c "import dgl, torch; print('peer environment:', 'DGL', dgl.__version__, 'torch', torch.__version__)"
 
 # vesper and its dependencies but torch as wheels, for a host with no package index (the GPU
 # check below; air-gapped hosts). PYTHON_VERSION: the target's python (the GPU machines': 3.12)

@@ -27,7 +27,7 @@ from vesper.party_a.extractors.base import ChargePlan, ExtractorSetup, RootPlan
 from vesper.party_a.extractors.pmp import gcn_aggregate, gin_aggregate
 from vesper.party_a.extractors.registry import lookup, validated_params
 from vesper.party_a.run import GraphData
-from vesper.party_a.sampler import NeighbourSampler
+from vesper.party_a.sampler import NeighbourSampler, draw_order_key
 
 BUCKETS = ((0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 63), (64, 10**9))
 
@@ -83,9 +83,10 @@ def signal_norms(data: GraphData, config: RunConfig, aggregation: str, whole: bo
         encoder = MlpEncoder(data.features.shape[1], ex.encoder_hidden, ex.dim, ex.dropout).eval()
         h = encoder(data.features)
         fanout = 0 if whole else ex.fanout
-        sampler = NeighbourSampler(data.graph, fanout, 1)
+        secret = torch.Generator().manual_seed(config.seed)  # the measurement's stand-in for A's secret generator
+        sampler = NeighbourSampler(data.graph, fanout, 1, draw_order_key(secret, fanout))
         nodes = torch.arange(data.graph.num_nodes)
-        block = sampler.sample(nodes, sampler.layer_seeds(torch.Generator().manual_seed(config.seed))).blocks[0]
+        block = sampler.sample(nodes, sampler.layer_seeds(secret)).blocks[0]
         h_src = h[block.src_nodes]
         if aggregation == "gcn":
             capped = data.graph.degree.clamp(max=fanout) if fanout else data.graph.degree

@@ -57,7 +57,7 @@ def unsupported_reason(extractor: Extractor) -> str:
         return f"extractor.layers={ex.layers}: the statistics cover L = 1 (a canary moves 2-hop releases through noisy layers)"
     if ex.degree_bound:
         return "extractor.degree_bound: a canary can displace edges of the projection"
-    if extractor.edge_subsampler is not None:
+    if extractor.edge_rate:
         return "privacy.edge_sample_rate: each release reads a secret subsample of the edges"
     return ""
 

@@ -34,8 +34,15 @@ class EdgeSubsampler:
 
     def sample(self, generator: torch.Generator) -> Graph:
         """The graph of one release: each undirected edge kept with probability q (one key drawn)."""
+        return self.subgraph(self.coins(generator))
+
+    def coins(self, generator: torch.Generator) -> torch.Tensor:
+        """One release's coins: which slots of the graph are kept (one key drawn)."""
         key = torch.randint(0, 1 << 32, (2,), generator=generator, dtype=torch.int64).tolist()
-        keep = keyed_uniform((int(key[0]), int(key[1])), self.low, self.high) < self.rate
+        return keyed_uniform((int(key[0]), int(key[1])), self.low, self.high) < self.rate
+
+    def subgraph(self, keep: torch.Tensor) -> Graph:
+        """The graph of the kept slots (each row in the order the graph's row had)."""
         counts = torch.bincount(self.row_of_slot[keep], minlength=self.graph.num_nodes)
         indptr = torch.zeros(self.graph.num_nodes + 1, dtype=torch.int64, device=self.graph.device)
         indptr[1:] = torch.cumsum(counts, 0)

@@ -1,28 +1,31 @@
 """Uniform neighbour sampling with fanout D per layer, vectorised in torch.
 
-For each layer, from the roots outwards, every distinct node of the frontier keeps
-all its neighbours when it has at most D, and otherwise the D neighbours with the
-smallest secret key ``k(v, u) = hash(seed_layer, v, u)`` (ties broken by u). Top-D
-under i.i.d. keys is a uniform D-subset. Because the key depends only on the pair,
-adding an edge (u*, v*) to the graph changes v*'s sample by at most one element,
-u* in and one neighbour out, and the same holds at u*. The sensitivity derivations in
-docs/privacy.md rely on exactly this coupling, and the empirical sensitivity test runs
-this sampler on neighbouring graphs with the same seed.
+Once per run, A orders every neighbour list by a secret key ``k(v, u) = hash(ξ, v, u)``
+(:class:`KeyedOrder`; ξ is the run's order key, drawn from A's secret sampling generator).
+Per step and layer, every distinct node v of the frontier keeps all its neighbours when
+it has at most D, and otherwise the D neighbours with the smallest *rotated* key
+``r(v, u) = (k(v, u) − a(v)) mod 2^32``, where ``a(v) = hash(seed_layer, v)`` is fresh per
+step and layer: the D neighbours whose keys follow a(v) around the circle. That is one
+binary search and D reads per node, not a key per neighbour.
+
+Because the rotated key depends only on the pair (and v's offset), adding an edge
+(u*, v*) to the graph changes v*'s sample by at most one element, u* in and one
+neighbour out, and the same holds at u*; no other node's sample changes. The
+sensitivity derivations in docs/privacy.md rely on exactly this coupling (Lemma 2), for
+every ξ and every step seed, so it holds jointly across all the steps of a run; the
+empirical sensitivity test runs this sampler on neighbouring graphs with the same keys.
+Over ξ, the rotated keys of one step are i.i.d. uniform, so each step's sample is a
+uniform D-subset; within one run a neighbour's chance is the arc of keys before it, which
+averages to D/d over runs (docs/privacy.md, section 3.1).
 
 A sampled step is a list of blocks (message-flow graphs): block l carries messages
 from layer l-1 to layer l; its destination nodes are the first entries of its source
 nodes, so every node's own previous representation is at hand. Nodes are
 deduplicated per layer: each node is sampled once and (later) noised once per layer.
-
-Cost: the key must be computed for every neighbour of every frontier node (the D
-smallest of a hash cannot be found without all of it), so a layer costs O(Σ degree);
-that hash runs in int32, and only a few candidates per node are sorted
-(``sample_neighbours``). The result is bit-identical to one stable sort of all keys.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 from dataclasses import dataclass
 
@@ -34,16 +37,6 @@ _MASK32 = 0xFFFFFFFF
 _MIX = 0x45D9F3B  # < 2**27, so products of 32-bit values stay inside int64
 _INT32_MIN = -(1 << 31)
 _INT32_MAX = (1 << 31) - 1
-# A heavy node keeps its D smallest keys; a threshold passing D + 4√D + 8 of its keys on
-# average holds all D of them except with probability < 1e-5 (Poisson tail, D = 1..25),
-# and a node left with fewer than D candidates is ranked over all its slots, so the
-# threshold changes the work, never the result.
-_SLACK_SIGMAS = 4.0
-_SLACK_EXTRA = 8.0
-# below this many neighbour slots, one sort of every key costs less than the candidate filter
-_FILTER_FROM_SLOTS = 4096
-
-
 def _mix32(x: torch.Tensor) -> torch.Tensor:
     """A 32-bit integer mixer on int64 tensors holding values in [0, 2**32)."""
     x = (((x >> 16) ^ x) * _MIX) & _MASK32
@@ -115,21 +108,6 @@ def _flipped_keys(
     return x.bitwise_xor_(_INT32_MIN)
 
 
-def _candidate_limits(degree: torch.Tensor, fanout: int) -> torch.Tensor:
-    """Per node, the largest sign-flipped key that stays a candidate (int32).
-
-    A node of degree ≤ fanout keeps every slot. Otherwise a share (D + 4√D + 8)/degree
-    of the uniform 32-bit keys gets through. The limit only saves work: a node with at
-    least D candidates has its D smallest keys among them, and one with fewer is ranked
-    over all its slots.
-    """
-    expected = fanout + _SLACK_SIGMAS * math.sqrt(fanout) + _SLACK_EXTRA
-    share = (expected / degree.clamp(min=1).to(torch.float64)).clamp(max=1.0)
-    limit = (share * float(1 << 32)).floor().to(torch.int64) - 1 + _INT32_MIN  # unsigned -> flipped
-    limit = torch.where(degree > fanout, limit.clamp(max=_INT32_MAX), torch.full_like(limit, _INT32_MAX))
-    return limit.to(torch.int32)
-
-
 @dataclass(frozen=True)
 class Block:
     dst_count: int
@@ -167,55 +145,90 @@ def _slot_dtype(graph: Graph) -> torch.dtype:
     return torch.int32 if max(graph.indices.numel(), graph.num_nodes) <= _INT32_MAX else torch.int64
 
 
+def _slot_dtype_of(order: KeyedOrder) -> torch.dtype:
+    return torch.int32 if max(order.neighbours.numel(), order.num_nodes) <= _INT32_MAX else torch.int64
+
+
+def draw_order_key(generator: torch.Generator, fanout: int) -> tuple[int, int] | None:
+    """The run's secret order key ξ, drawn once from A's secret sampling generator when the
+    sampler has a fanout (fanout 0 reads every neighbour and draws nothing)."""
+    if not fanout:
+        return None
+    a, b = torch.randint(0, 1 << 32, (2,), generator=generator, dtype=torch.int64).tolist()
+    return int(a), int(b)
+
+
+def window_starts(seed: tuple[int, int], nodes: torch.Tensor) -> torch.Tensor:
+    """a(v): where on the circle of keys node v's sample starts this step and layer, in [0, 2**32)."""
+    return pair_keys(seed, nodes, nodes)
+
+
+@dataclass(frozen=True)
+class KeyedOrder:
+    """A graph's neighbour lists, each in ascending order of the secret key
+    k(v, u) = pair_keys(ξ, v, u) (ties in CSR order): built once per run, O(|E| log |E|)."""
+
+    indptr: torch.Tensor  # the graph's
+    neighbours: torch.Tensor  # row v: v's neighbours by ascending k(v, ·)
+    row_keys: torch.Tensor  # int64 (v << 32) | k(v, u), ascending over all slots
+    num_nodes: int
+
+    @classmethod
+    def of(cls, graph: Graph, order_key: tuple[int, int]) -> KeyedOrder:
+        rows = graph.slot_rows
+        nodes = torch.arange(graph.num_nodes, device=graph.device)
+        keys = _flipped_keys(order_key, nodes, rows, graph.indices, graph.num_nodes).to(torch.int64) - _INT32_MIN
+        row_keys, order = torch.sort((rows << 32) | keys, stable=True)
+        return cls(graph.indptr, graph.indices.index_select(0, order), row_keys, graph.num_nodes)
+
+    def restricted(self, keep: torch.Tensor) -> KeyedOrder:
+        """The order of the subgraph whose slots are ``keep`` (a mask over this order's slots):
+        the same keys, so no new sort (an edge sample, party_a.edge_sampling)."""
+        row_keys = self.row_keys[keep]
+        counts = torch.bincount(row_keys >> 32, minlength=self.num_nodes)
+        indptr = torch.zeros(self.num_nodes + 1, dtype=torch.int64, device=row_keys.device)
+        indptr[1:] = torch.cumsum(counts, 0)
+        return KeyedOrder(indptr, self.neighbours[keep], row_keys, self.num_nodes)
+
+    @property
+    def slot_rows(self) -> torch.Tensor:
+        return self.row_keys >> 32
+
+    @property
+    def degree(self) -> torch.Tensor:
+        return self.indptr[1:] - self.indptr[:-1]
+
+
 def sample_neighbours(
-    graph: Graph, nodes: torch.Tensor, fanout: int, seed: tuple[int, int]
+    order: KeyedOrder, nodes: torch.Tensor, fanout: int, seed: tuple[int, int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sampled neighbours of distinct ``nodes``: (index into ``nodes``, neighbour id) per message.
 
-    ``fanout`` 0 keeps every neighbour. Messages come grouped by node in the order of
-    ``nodes``; within a heavy node in ascending key order (ties in CSR order), within a
-    light one (degree ≤ fanout) in CSR order: the order of one stable sort of all slots
-    by (node, key), light nodes' keys taken as 0. That sort is what small inputs get;
-    larger ones sort only the candidates that pass ``_candidate_limits`` (about 3D per
-    node), with the same result. Long index tensors go through ``index_select``:
-    advanced indexing (``x[i]``) is several times slower on CPU.
+    Node v keeps its min(D, degree) neighbours of smallest rotated key (k(v, u) − a(v)) mod
+    2**32, in that order: found by one binary search for a(v) in v's keys, then read around
+    v's list from there. Messages come grouped by node in the order of ``nodes``.
     """
-    start = graph.indptr[nodes]
-    degree = graph.indptr[nodes + 1] - start
+    start = order.indptr.index_select(0, nodes)
+    degree = order.indptr.index_select(0, nodes + 1) - start
+    count = degree.clamp(max=fanout) if fanout else degree  # fanout 0: every neighbour
+    first = torch.searchsorted(order.row_keys, (nodes << 32) | window_starts(seed, nodes))
+    offset = first - start  # the first key at or after a(v); ``degree`` when a(v) is past them all
+    slot = _slot_dtype_of(order)
+    segment, step = _segment_ranges(torch.zeros_like(count, dtype=slot), count.to(slot))
+    segment = segment.to(torch.int64)
+    position = start.index_select(0, segment) + torch.remainder(
+        offset.index_select(0, segment) + step, degree.index_select(0, segment)
+    )
+    return segment, order.neighbours.index_select(0, position)
+
+
+def every_neighbour(graph: Graph, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fanout 0: every neighbour of distinct ``nodes``, in CSR order (no key, no order needed)."""
+    start = graph.indptr.index_select(0, nodes)
+    degree = graph.indptr.index_select(0, nodes + 1) - start
     slot = _slot_dtype(graph)
     segment, position = _segment_ranges(start.to(slot), degree.to(slot))
-    neighbour = graph.indices.index_select(0, position)
-    if fanout == 0 or segment.numel() == 0 or int(degree.max()) <= fanout:
-        return segment.to(torch.int64), neighbour
-    light = degree <= fanout
-    if segment.numel() < _FILTER_FROM_SLOTS:
-        segment = segment.to(torch.int64)
-        key = pair_keys(seed, nodes.index_select(0, segment), neighbour).masked_fill_(light.index_select(0, segment), 0)
-        return _first_by_key(segment, neighbour, key, fanout, nodes.numel())
-    flipped = _flipped_keys(seed, nodes, segment, neighbour, graph.num_nodes)
-    candidate = flipped <= _candidate_limits(degree, fanout).index_select(0, segment)
-    chosen = candidate.nonzero().squeeze(1)  # ascending: CSR order within each node
-    short = ~light & (torch.bincount(segment.index_select(0, chosen), minlength=nodes.numel()) < fanout)
-    if bool(short.any()):  # rare (see _candidate_limits): rank these over all their slots
-        chosen = (candidate | short.index_select(0, segment)).nonzero().squeeze(1)
-    segment = segment.index_select(0, chosen).to(torch.int64)
-    key = flipped.index_select(0, chosen).to(torch.int64) - _INT32_MIN  # the unsigned key again
-    key.masked_fill_(light.index_select(0, segment), 0)
-    return _first_by_key(segment, neighbour.index_select(0, chosen), key, fanout, nodes.numel())
-
-
-def _first_by_key(
-    segment: torch.Tensor, neighbour: torch.Tensor, key: torch.Tensor, fanout: int, count: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per segment, the ``fanout`` slots of smallest key, by one stable sort on (segment, key);
-    the slots come in CSR order, so equal keys stay in CSR order."""
-    order = torch.sort(segment * (1 << 32) + key, stable=True).indices
-    segment, neighbour = segment.index_select(0, order), neighbour.index_select(0, order)
-    # slots stay grouped by segment (segment is the high part of the sort key)
-    counts = torch.bincount(segment, minlength=count)
-    first = (torch.cumsum(counts, 0) - counts).index_select(0, segment)
-    keep = torch.arange(segment.numel(), device=segment.device) - first < fanout
-    return segment[keep], neighbour[keep]
+    return segment.to(torch.int64), graph.indices.index_select(0, position)
 
 
 _UNSEEN = torch.iinfo(torch.int64).max
@@ -251,17 +264,38 @@ def make_block(
 
 
 class NeighbourSampler:
-    """L-layer sampler with fanout D; its randomness comes from A's secret generator."""
+    """L-layer sampler with fanout D; its randomness comes from A's secret generator: the
+    run's order key ξ (``order_key``, needed for a fanout) and each step's layer seeds."""
 
-    def __init__(self, graph: Graph, fanout: int, layers: int) -> None:
+    def __init__(
+        self, graph: Graph, fanout: int, layers: int, order_key: tuple[int, int] | None = None,
+        order: KeyedOrder | None = None,
+    ) -> None:
         if fanout < 0 or layers < 1:
             raise ValueError("fanout must be >= 0 and layers >= 1")
+        if fanout and order_key is None and order is None:
+            raise ValueError("a sampler with a fanout needs the run's secret order key (order_key)")
         self.graph = graph
         self.fanout = fanout
         self.layers = layers
+        self.order_key = order_key
+        self._order = order  # built on first use: one sort of every neighbour list
         # make_block's scratch, reused across steps; the lock keeps concurrent samples apart
         self._first_seen = torch.full((graph.num_nodes,), _UNSEEN, dtype=torch.int64, device=graph.device)
         self._scratch_lock = threading.Lock()
+
+    @property
+    def order(self) -> KeyedOrder:
+        """The neighbour lists in the order of the run's secret key (built once, on first use)."""
+        if self._order is None:
+            assert self.order_key is not None
+            self._order = KeyedOrder.of(self.graph, self.order_key)
+        return self._order
+
+    def restricted(self, keep: torch.Tensor, graph: Graph) -> NeighbourSampler:
+        """This sampler on the subgraph ``graph`` whose slots are ``keep`` (a mask over
+        ``order``'s slots): the same keys, no new sort."""
+        return NeighbourSampler(graph, self.fanout, self.layers, self.order_key, self.order.restricted(keep))
 
     def layer_seeds(self, generator: torch.Generator) -> list[tuple[int, int]]:
         draws = torch.randint(0, 1 << 32, (self.layers, 2), generator=generator, dtype=torch.int64)
@@ -274,8 +308,12 @@ class NeighbourSampler:
         frontier = roots.to(self.graph.device)
         blocks: list[Block] = []
         with self._scratch_lock:
+            order = self.order if self.fanout else None
             for layer in reversed(range(self.layers)):
-                edge_dst, neighbours = sample_neighbours(self.graph, frontier, self.fanout, seeds[layer])
+                if order is None:
+                    edge_dst, neighbours = every_neighbour(self.graph, frontier)
+                else:
+                    edge_dst, neighbours = sample_neighbours(order, frontier, self.fanout, seeds[layer])
                 block = make_block(frontier, edge_dst, neighbours, self._first_seen)
                 blocks.append(block)
                 frontier = block.src_nodes

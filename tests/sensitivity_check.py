@@ -110,7 +110,9 @@ def _subgraph(scenario: Scenario, graph: Graph, roots: torch.Tensor, seeds):
     """The step's blocks, as the trainer builds them (no edges at all for the MLP)."""
     if scenario.name == "mlp":
         return edgeless_subgraph(roots, scenario.layers)
-    return NeighbourSampler(graph, scenario.fanout, scenario.layers).sample(roots, seeds)
+    # the same secret order key on G and G': the coupling of Lemma 2 holds for every key
+    order_key = scenario.projection_seed if scenario.fanout else None
+    return NeighbourSampler(graph, scenario.fanout, scenario.layers, order_key).sample(roots, seeds)
 
 
 def step_aggregates(

@@ -24,19 +24,25 @@ from vesper.party_a.keyed_dropout import draw_dropout_key
 from vesper.party_a.noise import NoiseSource
 from vesper.party_a.sampler import Block, NeighbourSampler, SampledSubgraph, pair_keys
 
+# -- the reference implementations (the sampler as defined, by brute force; pmp.py before issue #9) --
+ORDER_KEY = (0xC0FFEE, 0xBEEF)  # a run's secret order key
 
-# -- the reference implementations (party_a/sampler.py and pmp.py before issue #9) ------------
-def reference_sample_neighbours(graph: Graph, nodes: torch.Tensor, fanout: int, seed: tuple[int, int]):
+
+def reference_sample_neighbours(
+    graph: Graph, nodes: torch.Tensor, fanout: int, seed: tuple[int, int], order_key: tuple[int, int] = ORDER_KEY,
+):
+    """Every neighbour's rotated key (k(v, u) − a(v)) mod 2^32 computed and ranked (one stable
+    sort by node, then key): the first min(D, degree) per node; fanout 0 keeps all, in CSR order."""
     degree = graph.indptr[nodes + 1] - graph.indptr[nodes]
     segment = torch.repeat_interleave(torch.arange(degree.numel()), degree)
     offsets = torch.cumsum(degree, 0) - degree
     position = torch.arange(segment.numel()) - offsets[segment] + graph.indptr[nodes][segment]
     neighbour = graph.indices[position]
-    if fanout == 0 or segment.numel() == 0 or int(degree.max()) <= fanout:
+    if fanout == 0 or segment.numel() == 0:
         return segment, neighbour
-    keys = pair_keys(seed, nodes[segment], neighbour)
-    keys = torch.where(degree[segment] > fanout, keys, torch.zeros_like(keys))
-    order = torch.sort(segment * (1 << 32) + keys, stable=True).indices
+    keys = pair_keys(order_key, nodes[segment], neighbour)
+    rotated = (keys - sampler.window_starts(seed, nodes)[segment]) % (1 << 32)
+    order = torch.sort(segment * (1 << 32) + rotated, stable=True).indices
     segment, neighbour = segment[order], neighbour[order]
     rank = torch.arange(segment.numel()) - (torch.cumsum(degree, 0) - degree)[segment]
     keep = rank < fanout
@@ -105,13 +111,6 @@ def _same(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Ten
     return all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b))
 
 
-@pytest.fixture(params=["sort all", "candidate filter"])
-def sampling_path(request, monkeypatch) -> str:
-    """Both ways sample_neighbours ranks: one sort of every key, and the candidate filter."""
-    monkeypatch.setattr(sampler, "_FILTER_FROM_SLOTS", 1 << 62 if request.param == "sort all" else 0)
-    return request.param
-
-
 def test_the_int32_mixer_is_the_int64_mixer() -> None:
     values = torch.cat([
         torch.randint(0, 1 << 32, (100_003,), generator=torch.Generator().manual_seed(0)),
@@ -137,7 +136,7 @@ def test_flipped_keys_order_like_pair_keys_on_both_routes() -> None:
 
 @given(
     seed=st.integers(0, 2**32 - 1), n=st.integers(2, 120), hubs=st.integers(0, 4),
-    p=st.floats(0.0, 0.3), fanout=st.integers(0, 12),
+    p=st.floats(0.0, 0.3), fanout=st.integers(1, 12),
 )
 @settings(max_examples=40, deadline=None)
 def test_sample_neighbours_is_the_reference_bit_for_bit(seed, n, hubs, p, fanout) -> None:
@@ -146,43 +145,23 @@ def test_sample_neighbours_is_the_reference_bit_for_bit(seed, n, hubs, p, fanout
     nodes = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[: rng.randint(1, n)]
     key = (rng.getrandbits(32), rng.getrandbits(32))
     expected = reference_sample_neighbours(graph, nodes, fanout, key)
-    for threshold in (1 << 62, 0):  # one sort of every key; the candidate filter
-        sampler._FILTER_FROM_SLOTS, saved = threshold, sampler._FILTER_FROM_SLOTS
-        try:
-            assert _same(sampler.sample_neighbours(graph, nodes, fanout, key), expected)
-        finally:
-            sampler._FILTER_FROM_SLOTS = saved
+    assert _same(sampler.sample_neighbours(sampler.KeyedOrder.of(graph, ORDER_KEY), nodes, fanout, key), expected)
 
 
-def test_nodes_short_of_candidates_are_ranked_over_all_their_slots(monkeypatch) -> None:
-    """A limit that lets almost nothing through: most heavy nodes take the exact fallback."""
-    monkeypatch.setattr(sampler, "_FILTER_FROM_SLOTS", 0)
-    monkeypatch.setattr(sampler, "_SLACK_SIGMAS", 0.0)
-    graph = hub_graph(random.Random(5), 200, 6, 0.1)
-    nodes = torch.arange(200)
-    for fanout in (1, 3, 10):
-        monkeypatch.setattr(sampler, "_SLACK_EXTRA", 0.5 - fanout)  # about half a candidate per node
-        limits = sampler._candidate_limits(graph.degree, fanout)
-        assert (limits < sampler._INT32_MAX).sum() > 50  # the filter is on for many nodes
-        for seed in [(1, 2), (3, 4), (0xFFFFFFFF, 0)]:
-            got = sampler.sample_neighbours(graph, nodes, fanout, seed)
-            assert _same(got, reference_sample_neighbours(graph, nodes, fanout, seed))
-
-
-def test_int64_slots_give_the_same_samples(monkeypatch, sampling_path) -> None:
+def test_int64_slots_give_the_same_samples(monkeypatch) -> None:
     graph = hub_graph(random.Random(6), 150, 3, 0.08)
     nodes = torch.randperm(150, generator=torch.Generator().manual_seed(0))[:60]
     expected = reference_sample_neighbours(graph, nodes, 4, (9, 10))
-    monkeypatch.setattr(sampler, "_slot_dtype", lambda graph: torch.int64)
-    assert _same(sampler.sample_neighbours(graph, nodes, 4, (9, 10)), expected)
+    monkeypatch.setattr(sampler, "_slot_dtype_of", lambda order: torch.int64)
+    assert _same(sampler.sample_neighbours(sampler.KeyedOrder.of(graph, ORDER_KEY), nodes, 4, (9, 10)), expected)
 
 
-def test_blocks_are_the_reference_blocks(sampling_path) -> None:
+def test_blocks_are_the_reference_blocks() -> None:
     for seed in range(6):
         rng = random.Random(seed)
         graph = hub_graph(rng, 300, 4, 0.03)
         layers = 1 + seed % 3
-        neighbour_sampler = NeighbourSampler(graph, fanout=[0, 2, 5, 10][seed % 4], layers=layers)
+        neighbour_sampler = NeighbourSampler(graph, fanout=[0, 2, 5, 10][seed % 4], layers=layers, order_key=ORDER_KEY)
         roots = torch.randperm(300, generator=torch.Generator().manual_seed(seed))[:40]
         seeds = neighbour_sampler.layer_seeds(torch.Generator().manual_seed(seed))
         got = neighbour_sampler.sample(roots, seeds)
@@ -231,7 +210,7 @@ def test_aggregates_are_the_reference(monkeypatch, path: str, dtype: torch.dtype
         rng = random.Random(seed)
         graph = hub_graph(rng, 120, 3, 0.05)
         capped = graph.degree.clamp(max=6)
-        neighbour_sampler = NeighbourSampler(graph, fanout=[0, 6][seed % 2], layers=2)
+        neighbour_sampler = NeighbourSampler(graph, fanout=[0, 6][seed % 2], layers=2, order_key=ORDER_KEY)
         seeds = neighbour_sampler.layer_seeds(torch.Generator().manual_seed(seed))
         subgraph = neighbour_sampler.sample(torch.arange(0, 120, 4), seeds)
         for block in subgraph.blocks:
@@ -268,7 +247,7 @@ def test_the_extractor_releases_the_reference_aggregates_and_embeddings(monkeypa
     config = ExtractorConfig(name=name, layers=2, fanout=5, dim=8, encoder_hidden=16, dropout=0.0)
     model = PmpExtractor(config, 6, capped)
     model.eval()  # no spectral-norm power step: two passes see the same weights
-    neighbour_sampler = NeighbourSampler(graph, 5, 2)
+    neighbour_sampler = NeighbourSampler(graph, 5, 2, ORDER_KEY)
     subgraph = neighbour_sampler.sample(torch.arange(0, 150, 7), neighbour_sampler.layer_seeds(torch.Generator()))
     features = torch.rand(150, 6, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -315,7 +294,7 @@ class _Step:
 
     def __init__(self, graph: Graph, name: str, device: str) -> None:
         self.graph = graph.to(device)
-        self.sampler = NeighbourSampler(self.graph, 4, 2)
+        self.sampler = NeighbourSampler(self.graph, 4, 2, ORDER_KEY)
         torch.manual_seed(0)
         capped = self.graph.degree.clamp(max=4)
         config = ExtractorConfig(name=name, layers=2, fanout=4, dim=8, encoder_hidden=16)
@@ -335,9 +314,9 @@ class _Step:
 @pytest.mark.parametrize("name", ["pmp-gcn", "pmp-gin"])
 def test_the_hot_path_makes_its_tensors_on_its_device_and_reads_the_host_per_layer(monkeypatch, name: str) -> None:
     # every node has neighbours and both fast paths run, so batch size changes no branch
-    monkeypatch.setattr(sampler, "_FILTER_FROM_SLOTS", 0)
     monkeypatch.setattr(pmp, "_SPARSE_FROM_MESSAGES", 0)
     step = _Step(hub_graph(random.Random(3), 200, 3, 0.05), name, "cpu")
+    _ = step.sampler.order  # the run's keyed order, built once per run (its own reads are not per step)
     reads = []
     for batch in (4, 64):
         with DeviceAudit() as audit:
@@ -379,10 +358,67 @@ def test_kernel_figures_run_on_a_small_graph(tmp_path: Path) -> None:
         path, node_features=rng.random((n, 6), dtype=np.float32), node_labels=rng.integers(0, 2, n),
         edges=edges, train_masks=train, val_masks=~train, test_masks=np.zeros_like(train),
     )
-    figures = kernels.sampler_figures(path, repeats=1) + kernels.layer_figures(path, batches=2, repeats=1)
-    assert [f.unit for f in figures] == ["x", "s", "x", "x"]
+    figures = kernels.sampler_figures(path, repeats=1, workdir=tmp_path / "perf") + kernels.layer_figures(
+        path, batches=2, repeats=1
+    )
+    assert [f.unit for f in figures] == ["s", "s", "s", "x", "x"]
     assert all(f.value > 0 and f.measured and f.command for f in figures)
-    for f in figures:
+    # without a peer environment DGL is not measured, and the figure says so: no constant stands in
+    assert figures[0].passed is None and "DGL was not measured" in figures[0].measured
+    for f in figures[1:]:
         assert (f.passed is None) == (f.goal == "")
         assert bool(f.bound) == (f.passed is False)
     assert "3 batches" in figures[0].measured  # 700 nodes as roots, batch 256
+
+
+def _small_dataset(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(1)
+    n = 300
+    train = np.zeros((1, n), dtype=bool)
+    train[0, : n // 2] = True
+    path = tmp_path / "small.npz"
+    np.savez(
+        path, node_features=rng.random((n, 4), dtype=np.float32), node_labels=rng.integers(0, 2, n),
+        edges=rng.integers(0, n, size=(3000, 2)), train_masks=train, val_masks=~train, test_masks=np.zeros_like(train),
+    )
+    return path
+
+
+def _fake_peer(tmp_path: Path, body: str) -> Path:
+    """A peer environment whose python is a script: the plumbing of --peer-env, without DGL."""
+    env = tmp_path / "peer"
+    (env / "bin").mkdir(parents=True)
+    python = env / "bin" / "python"
+    python.write_text("#!/bin/sh\n" + body)
+    python.chmod(0o755)
+    return env
+
+
+def test_the_sampler_figure_is_the_ratio_to_the_peer_measured_in_the_same_run(tmp_path: Path) -> None:
+    from vesper.benchmarks.perf import kernels
+
+    path = _small_dataset(tmp_path)
+    record = tmp_path / "calls"
+    peer = _fake_peer(tmp_path, (
+        f'echo "$@" >> {record}\n'
+        'echo \'{"seconds": [2.0, 4.0, 3.0], "batches": 2, "input_nodes": 99, "edges": 10, '
+        '"dgl": "2.1.0", "torch": "2.1.2", "threads": 1}\'\n'
+    ))
+    figure = kernels.sampler_figures(path, repeats=1, peer_env=peer, workdir=tmp_path / "perf")[0]
+    calls = record.read_text().splitlines()
+    assert len(calls) == 2  # before and after vesper's epochs
+    assert "--graph" in calls[0] and "--fanouts 10 10" in calls[0] and "--batch 256" in calls[0]
+    ours = float(figure.measured.split("ours ")[1].split(" s")[0])
+    assert figure.unit == "x" and figure.value == pytest.approx(ours / 3.0, abs=1e-3)  # median of 6 peer epochs
+    assert figure.passed is True and "DGL 2.1.0" in figure.measured
+    handed = np.load(tmp_path / "perf" / "peer-graph.npz")  # the peer samples vesper's own CSR
+    graph = kernels.load_graph(path).graph
+    assert np.array_equal(handed["indptr"], graph.indptr.numpy()) and np.array_equal(handed["indices"], graph.indices.numpy())
+
+
+def test_a_failing_peer_is_an_error_naming_it(tmp_path: Path) -> None:
+    from vesper.benchmarks.perf import kernels
+
+    peer = _fake_peer(tmp_path, 'echo "ModuleNotFoundError: No module named dgl" >&2\nexit 1\n')
+    with pytest.raises(RuntimeError, match="the DGL peer failed .*No module named dgl"):
+        kernels.sampler_figures(_small_dataset(tmp_path), repeats=1, peer_env=peer, workdir=tmp_path / "perf")

@@ -12,6 +12,7 @@ from vesper.party_a.extractors.pmp import PmpExtractor, gcn_aggregate, gin_aggre
 from vesper.party_a.graph_store import Graph
 from vesper.party_a.noise import NoiseSource
 from vesper.party_a.sampler import (
+    KeyedOrder,
     NeighbourSampler,
     edgeless_subgraph,
     make_block,
@@ -21,7 +22,7 @@ from vesper.party_a.sampler import (
 
 def _full_block(graph: Graph, fanout: int, seed=(1, 2)):
     nodes = torch.arange(graph.num_nodes)
-    edge_dst, neighbours = sample_neighbours(graph, nodes, fanout, seed)
+    edge_dst, neighbours = sample_neighbours(KeyedOrder.of(graph, (7, 8)), nodes, fanout, seed)
     return make_block(nodes, edge_dst, neighbours)
 
 
@@ -70,7 +71,7 @@ def _model(name: str, layers: int = 1, fanout: int = 4, spectral_norm: bool = Tr
 def test_output_is_b_by_d_by_l_non_negative_and_unit_norm(name: str, layers: int) -> None:
     graph = random_graph(random.Random(2), 50, 0.1)
     model = _model(name, layers, graph=graph)
-    sampler = NeighbourSampler(graph, 4, layers)
+    sampler = NeighbourSampler(graph, 4, layers, (7, 8))
     roots = torch.tensor([3, 7, 9, 30])
     subgraph = sampler.sample(roots, sampler.layer_seeds(torch.Generator().manual_seed(1)))
     out = model(subgraph, torch.rand(50, 6), 0.5, NoiseSource(torch.Generator().manual_seed(2)))
@@ -83,7 +84,7 @@ def test_output_is_b_by_d_by_l_non_negative_and_unit_norm(name: str, layers: int
 def test_noise_has_standard_deviation_theta() -> None:
     graph = random_graph(random.Random(4), 400, 0.02)
     model = _model("pmp-gin", graph=graph).eval()  # no dropout: only the noise differs
-    sampler = NeighbourSampler(graph, 4, 1)
+    sampler = NeighbourSampler(graph, 4, 1, (7, 8))
     subgraph = sampler.sample(torch.arange(400), sampler.layer_seeds(torch.Generator().manual_seed(0)))
     features = torch.rand(400, 6)
     clean = model.noisy_aggregates(subgraph, features, 0.0, None)[0]
@@ -97,7 +98,7 @@ def test_no_gradient_crosses_an_edge(name: str) -> None:
     """A's update may depend on the graph only through noisy aggregates (docs/privacy.md, section 2)."""
     graph = random_graph(random.Random(5), 40, 0.15)
     model = _model(name, layers=2, graph=graph)
-    sampler = NeighbourSampler(graph, 4, 2)
+    sampler = NeighbourSampler(graph, 4, 2, (7, 8))
     roots = torch.tensor([0, 1, 2])
     subgraph = sampler.sample(roots, sampler.layer_seeds(torch.Generator().manual_seed(0)))
     features = torch.rand(40, 6, requires_grad=True)
@@ -114,8 +115,8 @@ def test_forward_reads_the_graph_only_through_the_noisy_aggregates(monkeypatch) 
     roots = torch.tensor([0, 5, 9])
     features = torch.rand(40, 6)
     seeds = [(1, 2), (3, 4)]
-    first = NeighbourSampler(graph, 4, 2).sample(roots, seeds)
-    second = NeighbourSampler(other, 4, 2).sample(roots, seeds)
+    first = NeighbourSampler(graph, 4, 2, (7, 8)).sample(roots, seeds)
+    second = NeighbourSampler(other, 4, 2, (7, 8)).sample(roots, seeds)
     fixed = model.noisy_aggregates(first, features, 1.0, NoiseSource(torch.Generator().manual_seed(0)))
     monkeypatch.setattr(model, "noisy_aggregates", lambda *args: fixed)
     model.eval()
@@ -126,7 +127,7 @@ def test_spectral_norm_keeps_operator_norms_at_one() -> None:
     graph = random_graph(random.Random(8), 30, 0.2)
     model = _model("pmp-gin", layers=2, graph=graph)
     model.train()
-    sampler = NeighbourSampler(graph, 4, 2)
+    sampler = NeighbourSampler(graph, 4, 2, (7, 8))
     subgraph = sampler.sample(torch.arange(30), sampler.layer_seeds(torch.Generator().manual_seed(0)))
     for _ in range(30):  # power iteration converges over forward passes
         model(subgraph, torch.rand(30, 6), 0.0, None)
@@ -141,7 +142,7 @@ def test_mlp_extractor_reads_no_edges() -> None:
     model.eval()
     features = torch.rand(30, 6)
     roots = torch.tensor([1, 2, 3])
-    sampled = NeighbourSampler(graph, 4, 2).sample(roots, [(1, 2), (3, 4)])
+    sampled = NeighbourSampler(graph, 4, 2, (7, 8)).sample(roots, [(1, 2), (3, 4)])
     assert torch.equal(model(sampled, features, 0.0, None), model(edgeless_subgraph(roots, 2), features, 0.0, None))
     assert model.noisy_aggregates(sampled, features, 3.0, None) == [None, None]
 
@@ -162,6 +163,6 @@ def test_cuda_matches_cpu() -> None:
         model = _model("pmp-gcn", layers=2, graph=graph).to(device).eval()
         model.capped_degree = _capped(graph, 4).to(device)
         g = graph.to(device)
-        subgraph = NeighbourSampler(g, 4, 2).sample(roots.to(device), [(1, 2), (3, 4)])
+        subgraph = NeighbourSampler(g, 4, 2, (7, 8)).sample(roots.to(device), [(1, 2), (3, 4)])
         outputs.append(model(subgraph, features.to(device), 0.0, None).cpu())
     assert torch.allclose(outputs[0], outputs[1], atol=1e-5)

@@ -10,10 +10,15 @@ from hypothesis import strategies as st
 
 from vesper.party_a.graph_store import add_edge, build_graph
 from vesper.party_a.sampler import (
+    KeyedOrder,
     NeighbourSampler,
     edgeless_subgraph,
+    pair_keys,
     sample_neighbours,
+    window_starts,
 )
+
+ORDER_KEY = (0x1234, 0x5678)  # a run's secret order key, fixed for the tests that need one
 
 
 def test_csr_is_symmetric_simple_and_sorted() -> None:
@@ -31,8 +36,8 @@ def test_edges_outside_the_graph_are_refused() -> None:
         build_graph(torch.tensor([[0, 5]]), 3)
 
 
-def _sets(graph, nodes, fanout, seed):
-    segment, neighbours = sample_neighbours(graph, nodes, fanout, seed)
+def _sets(graph, nodes, fanout, seed, order_key=ORDER_KEY):
+    segment, neighbours = sample_neighbours(KeyedOrder.of(graph, order_key), nodes, fanout, seed)
     return [set(neighbours[segment == i].tolist()) for i in range(nodes.numel())]
 
 
@@ -48,18 +53,67 @@ def test_samples_are_real_neighbours_up_to_the_fanout(n, p, fanout, seed) -> Non
 
 
 def test_sampling_is_uniform() -> None:
+    """Over the run's order key and the step's seed, a node's sample is a uniform D-subset."""
     # a node with 12 neighbours, fanout 4: each neighbour is kept with probability 1/3
     graph = build_graph(torch.tensor([[0, i] for i in range(1, 13)]), 13)
     counts = torch.zeros(13)
+    pairs = torch.zeros(13, 13)
     draws = 6000
     generator = torch.Generator().manual_seed(0)
     for _ in range(draws):
-        seed = tuple(torch.randint(0, 2**32, (2,), generator=generator).tolist())
-        _, neighbours = sample_neighbours(graph, torch.tensor([0]), 4, seed)
+        order_key, seed = (tuple(torch.randint(0, 2**32, (2,), generator=generator).tolist()) for _ in range(2))
+        _, neighbours = sample_neighbours(KeyedOrder.of(graph, order_key), torch.tensor([0]), 4, seed)
         counts[neighbours] += 1
+        pairs[neighbours[:, None], neighbours[None, :]] += 1
     frequency = counts[1:] / draws
     # binomial std at p=1/3 over 6000 draws is 0.006; 5 std
     assert torch.all((frequency - 1 / 3).abs() < 0.03), frequency
+    # and pairs: uniform D-subsets keep two given neighbours with probability (4/12)(3/11) = 1/11;
+    # neighbours adjacent on the key circle are not favoured over others (std 0.0037; 5 std)
+    off_diagonal = pairs[1:, 1:][~torch.eye(12, dtype=torch.bool)] / draws
+    assert torch.all((off_diagonal - 1 / 11).abs() < 0.019), off_diagonal
+
+
+def test_within_one_run_a_neighbour_is_kept_as_often_as_the_arc_of_keys_before_it() -> None:
+    """docs/privacy.md, section 3.1: with the run's order key fixed, a step's sample is the D
+    neighbours whose keys follow a(v) on the circle, so neighbour u is kept when a(v) falls in
+    the arc from the D-th key before k(v, u) to k(v, u): a chance of (that arc) / 2^32."""
+    graph = build_graph(torch.tensor([[0, i] for i in range(1, 9)]), 9)
+    fanout, draws = 3, 8000
+    keys = pair_keys(ORDER_KEY, torch.zeros(8, dtype=torch.int64), torch.arange(1, 9))
+    ranked = torch.sort(keys).values
+    expected = {}
+    for u, key in zip(range(1, 9), keys.tolist()):
+        rank = int((ranked == key).nonzero()[0])
+        before = int(ranked[(rank - fanout) % 8])
+        expected[u] = ((key - before) % (1 << 32)) / (1 << 32)
+    assert abs(sum(expected.values()) - fanout) < 1e-9
+    order = KeyedOrder.of(graph, ORDER_KEY)
+    counts = torch.zeros(9)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(draws):
+        seed = tuple(torch.randint(0, 2**32, (2,), generator=generator).tolist())
+        _, neighbours = sample_neighbours(order, torch.tensor([0]), fanout, seed)
+        counts[neighbours] += 1
+    for u, chance in expected.items():
+        std = (chance * (1 - chance) / draws) ** 0.5
+        assert abs(counts[u] / draws - chance) < 5 * std + 1e-3, (u, chance, counts[u] / draws)
+
+
+def test_a_sample_is_the_d_smallest_rotated_keys() -> None:
+    """The definition the proofs use, against a brute-force ranking of every neighbour."""
+    rng = random.Random(11)
+    graph = random_graph(rng, 40, 0.4)
+    order = KeyedOrder.of(graph, ORDER_KEY)
+    nodes = torch.randperm(40, generator=torch.Generator().manual_seed(3))
+    for fanout in (0, 1, 4, 9):
+        seed = (rng.getrandbits(32), rng.getrandbits(32))
+        segment, got = sample_neighbours(order, nodes, fanout, seed)
+        for i, v in enumerate(nodes.tolist()):
+            mine = graph.neighbours(v)
+            rotated = (pair_keys(ORDER_KEY, torch.full_like(mine, v), mine) - window_starts(seed, torch.tensor([v]))) % (1 << 32)
+            take = mine.numel() if fanout == 0 else min(fanout, mine.numel())
+            assert got[segment == i].tolist() == mine[torch.sort(rotated, stable=True).indices[:take]].tolist()
 
 
 @given(n=st.integers(3, 25), p=st.floats(0.1, 0.9), fanout=st.integers(1, 5), seed=st.integers(0, 2**32 - 1))
@@ -88,7 +142,7 @@ def test_adding_an_edge_swaps_at_most_one_sampled_neighbour(n, p, fanout, seed) 
 
 def test_blocks_put_destinations_first_and_deduplicate() -> None:
     graph = random_graph(random.Random(3), 40, 0.15)
-    sampler = NeighbourSampler(graph, fanout=3, layers=2)
+    sampler = NeighbourSampler(graph, fanout=3, layers=2, order_key=ORDER_KEY)
     roots = torch.tensor([5, 1, 17])
     subgraph = sampler.sample(roots, sampler.layer_seeds(torch.Generator().manual_seed(0)))
     top, bottom = subgraph.blocks[1], subgraph.blocks[0]
@@ -104,7 +158,7 @@ def test_blocks_put_destinations_first_and_deduplicate() -> None:
 
 
 def test_sampler_needs_one_seed_per_layer() -> None:
-    sampler = NeighbourSampler(random_graph(random.Random(0), 5, 0.5), fanout=2, layers=2)
+    sampler = NeighbourSampler(random_graph(random.Random(0), 5, 0.5), fanout=2, layers=2, order_key=ORDER_KEY)
     with pytest.raises(ValueError, match="need 2 layer seeds"):
         sampler.sample(torch.tensor([0]), [(1, 2)])
 
@@ -113,3 +167,30 @@ def test_edgeless_subgraph_reads_no_edges() -> None:
     subgraph = edgeless_subgraph(torch.tensor([4, 2]), layers=3)
     assert len(subgraph.blocks) == 3
     assert all(block.edge_dst.numel() == 0 and block.src_nodes.tolist() == [4, 2] for block in subgraph.blocks)
+
+
+def test_a_sampler_with_a_fanout_needs_the_runs_secret_order_key() -> None:
+    graph = random_graph(random.Random(0), 5, 0.5)
+    with pytest.raises(ValueError, match="secret order key"):
+        NeighbourSampler(graph, fanout=2, layers=1)
+    NeighbourSampler(graph, fanout=0, layers=1).sample(torch.tensor([0]), [(0, 0)])  # fanout 0 reads all: no key
+
+
+@given(n=st.integers(2, 30), p=st.floats(0.05, 0.9), seed=st.integers(0, 2**32 - 1))
+@settings(max_examples=40, deadline=None)
+def test_a_restricted_order_is_the_order_of_the_subgraph_without_a_new_sort(n, p, seed) -> None:
+    """An edge sample reads the sampler's order restricted to its edges: the same rows as
+    ordering the sampled graph afresh, because a key depends on the pair alone."""
+    rng = random.Random(seed)
+    graph = random_graph(rng, n, p)
+    order = KeyedOrder.of(graph, ORDER_KEY)
+    low = torch.minimum(order.slot_rows, order.neighbours)
+    high = torch.maximum(order.slot_rows, order.neighbours)
+    keep = (pair_keys((seed, 3), low, high) & 1) == 1  # both slots of an edge agree
+    restricted = order.restricted(keep)
+    rows, cols = order.slot_rows[keep], order.neighbours[keep]
+    sub = build_graph(torch.stack([rows, cols], 1), n)
+    fresh = KeyedOrder.of(sub, ORDER_KEY)
+    assert torch.equal(restricted.indptr, fresh.indptr)
+    assert torch.equal(restricted.neighbours, fresh.neighbours)
+    assert torch.equal(restricted.row_keys, fresh.row_keys)

@@ -9,7 +9,7 @@ ending the command:
     throughput   two-party steps/s against one process; pipelining   (perf/throughput.py)
     wire         bytes per step float32 vs bfloat16; the metric       (perf/wire_bytes.py)
     accountant   charge latency p50/p99                               (perf/accountant_latency.py)
-    sampler      sampler epoch on Tolokers against DGL's reference    (perf/kernels.py)
+    sampler      sampler epoch on Tolokers against DGL, same run      (perf/kernels.py, perf/dgl_peer.py)
     layer        PMP layer forward+backward against a sparse GCN      (perf/kernels.py)
     scale        1M/10M and 100k/10M graphs: epoch time, peak RSS     (perf/scale.py)
 
@@ -69,7 +69,7 @@ SOURCES: tuple[Source, ...] = (
     Source("accountant", "vesper.benchmarks.perf.accountant_latency", "accountant_latency_figures",
            "write-ahead charge latency p50/p99 to a real accountant process"),
     Source("sampler", "vesper.benchmarks.perf.kernels", "sampler_figures",
-           "one sampler epoch on Tolokers against DGL 2.1's reference"),
+           "one sampler epoch on Tolokers against DGL 2.1's, measured in the same run (--peer-env)"),
     Source("layer", "vesper.benchmarks.perf.kernels", "layer_figures",
            "PMP layer forward + backward against a torch sparse-matrix GCN layer"),
     Source("scale", "vesper.benchmarks.perf.scale", "scale_figures",
@@ -93,6 +93,7 @@ class RunContext(BaseModel):
     quick: bool = False
     workdir: Path
     tolokers: Path
+    peer_env: Path | None = None  # DGL 2.1's environment, for the sampler's peer (make bench-peer)
 
 
 FRESH_WORKDIRS = ("throughput", "wire", "accountant")  # fresh services and ledgers every run; scale keeps its graphs
@@ -108,6 +109,8 @@ def _arguments(function: Callable[..., Any], context: RunContext, source: str) -
         offered["quick"] = True
     if source in ("sampler", "layer"):
         offered["dataset_path"] = context.tolokers
+    if source == "sampler":
+        offered["peer_env"] = context.peer_env
         if context.quick:
             offered["repeats"] = 1
     if source == "scale" and "workdir" in parameters:
@@ -325,6 +328,11 @@ def perf_command(
         DEFAULT_WORKDIR, "--workdir",
         help="Services, ledgers and the scale graphs (kept: a later run reuses the graphs).",
     ),
+    peer_env: Optional[Path] = typer.Option(
+        None, "--peer-env",
+        help="A virtual environment with DGL 2.1 and its torch (make bench-peer builds .peer-env): the sampler "
+        "figure times DGL there, in this run. Without it DGL is not measured.",
+    ),
 ) -> None:
     """Measure every figure of issue #9 in one run: two-party throughput against one process,
     pipelining, the sampler and the PMP layer against their references, wire bytes float32 vs
@@ -336,7 +344,12 @@ def perf_command(
         raise typer.BadParameter(f"unknown source(s) {', '.join(unknown)}; known: {', '.join(SOURCE_NAMES)}", param_hint="--only")
     chosen = [s for s in SOURCES if not only or s.name in only]
     command = shlex.join(["vesper", "bench", "perf", *sys.argv[3:]]) if sys.argv[1:3] == ["bench", "perf"] else "vesper bench perf"
-    context = RunContext(quick=quick, workdir=workdir.resolve(), tolokers=tolokers.expanduser())
+    if peer_env is not None and not (peer_env / "bin" / "python").exists():
+        raise typer.BadParameter(f"{peer_env} has no bin/python: build it with make bench-peer", param_hint="--peer-env")
+    context = RunContext(
+        quick=quick, workdir=workdir.resolve(), tolokers=tolokers.expanduser(),
+        peer_env=peer_env.resolve() if peer_env is not None else None,
+    )
     report = run_perf(chosen, context, command, console)
     # the sources left out by --only are listed as such, so the document says what it does not hold
     report.outcomes += [

@@ -30,7 +30,7 @@ from vesper.party_a.extractors.pmp import BlockMessages, PmpExtractor
 from vesper.party_a.extractors.sensitivity import charge_rule
 from vesper.party_a.graph_store import Graph
 from vesper.party_a.keyed_dropout import DropoutKey
-from vesper.party_a.sampler import NeighbourSampler, SampledSubgraph, edgeless_subgraph
+from vesper.party_a.sampler import NeighbourSampler, SampledSubgraph, draw_order_key, edgeless_subgraph
 
 _SHARED = ("layers", "dim", "encoder_hidden", "dropout", "spectral_norm", "noise_multiplier")
 _GRAPH = ("fanout", "degree_bound")
@@ -60,9 +60,12 @@ class PmpPlugin(ExtractorBase):
             seed = torch.randint(0, 1 << 32, (2,), generator=setup.sampling_generator, dtype=torch.int64).tolist()
             self.graph = project_degree(setup.graph, ex.degree_bound, (seed[0], seed[1]))
         self.fanout = 0 if ex.degree_bound > 0 else ex.fanout  # a projection is read whole
-        self.sampler = NeighbourSampler(self.graph, self.fanout, ex.layers) if self.aggregates else None
-        rate = setup.config.privacy.edge_sample_rate
-        self.edge_subsampler = EdgeSubsampler(self.graph, rate) if rate and self.aggregates else None
+        self.sampler = (
+            NeighbourSampler(self.graph, self.fanout, ex.layers, draw_order_key(setup.sampling_generator, self.fanout))
+            if self.aggregates else None
+        )
+        self.edge_rate = setup.config.privacy.edge_sample_rate if self.aggregates else 0.0
+        self._edge_subsampler: EdgeSubsampler | None = None
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(setup.config.seed)
             self.model = PmpExtractor(
@@ -144,15 +147,25 @@ class PmpPlugin(ExtractorBase):
         layers = self.setup.config.extractor.layers
         key = self.dropout_key()
         sampler, capped_degree = self.sampler, None
-        if self.edge_subsampler is not None:
-            # this release reads a fresh secret Poisson sample of the edges (party_a.edge_sampling)
-            graph = self.edge_subsampler.sample(self.setup.sampling_generator)
-            sampler = NeighbourSampler(graph, self.fanout, layers)
+        if self.edge_rate and sampler is not None:
+            # this release reads a fresh secret Poisson sample of the edges (party_a.edge_sampling),
+            # in the sampler's keyed order of the neighbour lists, so its sampler needs no new sort
+            edges = self._edges_read_by(sampler)
+            keep = edges.coins(self.setup.sampling_generator)
+            graph = edges.subgraph(keep)
+            sampler = sampler.restricted(keep, graph) if self.fanout else NeighbourSampler(graph, 0, layers)
             capped_degree = self.capped_degree(graph)
         if sampler is None:
             return _Sample(edgeless_subgraph(roots, layers), None, None, key)
         subgraph = sampler.sample(roots, sampler.layer_seeds(self.setup.sampling_generator))
         return _Sample(subgraph, capped_degree, self.model.messages(subgraph, capped_degree), key)
+
+    def _edges_read_by(self, sampler: NeighbourSampler) -> EdgeSubsampler:
+        """The edge sample's coins over the slots the sampler reads (its keyed order; A's CSR for fanout 0)."""
+        if self._edge_subsampler is None:
+            slots = self.graph if not self.fanout else Graph(sampler.order.indptr, sampler.order.neighbours, self.graph.num_nodes)
+            self._edge_subsampler = EdgeSubsampler(slots, self.edge_rate)
+        return self._edge_subsampler
 
     # -- pipelining (party_a.run.step_loop): sampling reads no parameter -----------------------------
     def prefetch(self, roots: torch.Tensor) -> None:

@@ -56,7 +56,7 @@ from vesper.party_a.extractors.base import (
     RootPlan,
 )
 from vesper.party_a.extractors.sensitivity import projected_edge_reach
-from vesper.party_a.sampler import Block, NeighbourSampler, SampledSubgraph
+from vesper.party_a.sampler import Block, NeighbourSampler, SampledSubgraph, draw_order_key
 
 Aggregation = Literal["mean", "sum"]
 
@@ -283,7 +283,7 @@ class VfgnnExtractor(ExtractorBase):
             seed = torch.randint(0, 1 << 32, (2,), generator=setup.sampling_generator, dtype=torch.int64).tolist()
             self.graph = project_degree(setup.graph, ex.degree_bound, (seed[0], seed[1]))
         self.fanout = 0 if ex.degree_bound > 0 else ex.fanout  # a projection is read whole
-        self.sampler = NeighbourSampler(self.graph, self.fanout, ex.layers)
+        self.sampler = NeighbourSampler(self.graph, self.fanout, ex.layers, draw_order_key(setup.sampling_generator, self.fanout))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(setup.config.seed)
             self.encoder = MlpEncoder(setup.features.shape[1], ex.encoder_hidden, ex.dim, ex.dropout).to(setup.device)
