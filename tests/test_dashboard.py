@@ -217,3 +217,9 @@ def test_the_curve_is_the_ledgers_steps() -> None:
 def test_numbers_are_formatted_one_way(value: float | None, text: str) -> None:
     assert format_epsilon(value) == text
 
+
+
+@pytest.mark.parametrize("path", ["/", "/runs/edge-run"])
+def test_the_pages_are_read_only(client: TestClient, path: str) -> None:
+    for method in ("POST", "PUT", "DELETE", "PATCH"):
+        assert client.request(method, path).status_code == 405, (method, path)
