@@ -3,7 +3,8 @@
 ``GET /healthz``, ``GET /v1/runs``, ``GET /v1/runs/{id}``, ``GET /v1/runs/{id}/ledger``,
 ``GET /v1/runs/{id}/related`` (a run and party B's label ledger of it, ``<id>.labels``,
 whichever of the two ids is given); OpenAPI at ``/openapi.json``. Infinite values are
-written as the string "Infinity".
+written as the string "Infinity". The budget dashboard (HTML, ``/`` and ``/runs/{id}``,
+accountant/dashboard.py) is served by the same app, outside the OpenAPI document.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel
 
 from vesper.accountant.budget import Accountant, AccountantError
+from vesper.accountant.dashboard import add_dashboard
 from vesper.common.privacy.ledger import LedgerView, RunStatusView, label_ledger_id, main_run_id
 
 
@@ -83,6 +85,7 @@ def create_app(accountant: Accountant) -> FastAPI:
             raise HTTPException(status_code=404, detail=f"no run {main_run_id(run_id)!r} and no label ledger of it")
         return views
 
+    add_dashboard(app, accountant)
     document = app.openapi()
     _numbers_may_be_infinite(document.get("components", {}))
     app.openapi_schema = document
