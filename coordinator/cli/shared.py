@@ -11,6 +11,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from vesper.common.config import (
     ConfigError,
@@ -65,7 +66,8 @@ class WireDType(str, Enum):
 
 
 def fail(message: str, code: int = 2) -> None:
-    errors.print(f"[bold red]error:[/] {message}", highlight=False)
+    """Print ``message`` as an error, exactly (it may name TOML sections: "[run]" is not markup), and exit."""
+    errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(code)
 
 

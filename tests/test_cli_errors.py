@@ -1,0 +1,17 @@
+"""The command's errors print their message exactly: TOML section names are not rich markup."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from vesper.coordinator.cli import app
+
+
+def test_an_error_naming_a_toml_section_keeps_its_brackets(tmp_path: Path) -> None:
+    config = tmp_path / "only-b.toml"
+    config.write_text('[party_b]\nlisten = "127.0.0.1:0"\n')
+    result = CliRunner().invoke(app, ["serve", "accountant", "--config", str(config)])
+    assert result.exit_code == 2
+    assert f"{config} has no [accountant] section" in result.output.replace("\n", "")
