@@ -186,7 +186,8 @@ def _report(outcomes: list[perf.SourceOutcome], quick: bool = False) -> perf.Per
 
 def test_the_document_holds_machine_command_goals_verdicts_and_bounds(tmp_path: Path) -> None:
     report = _report([
-        perf.SourceOutcome(source="throughput", what="two-party against one process", figures=_figures(), seconds=3),
+        perf.SourceOutcome(source="throughput", what="two-party against one process", figures=_figures(), seconds=3,
+                           load_before=(0.25, 0.5, 0.75), load_after=(4.0, 1.0, 0.8)),
         perf.SourceOutcome(source="scale", what="1M nodes", error="not available: vesper.benchmarks.perf.scale (ImportError)"),
     ], quick=True)
     path = perf.write_report(report, tmp_path / "docs" / "performance.md")
@@ -198,6 +199,8 @@ def test_the_document_holds_machine_command_goals_verdicts_and_bounds(tmp_path: 
         "| latency missed | 7.5 ms | p99 < 5 ms | **FAIL** |", "| reported only | 5.835e+04 bytes | - | reported |",
         "**What bounds it:**", "```\n   ncalls  tottime", "41.2 vs 44.3 steps/s", "`vesper bench perf --only throughput`",
         "not available: vesper.benchmarks.perf.scale", "**`--quick`**", "exits 0",
+        # the load each figure was taken on, not only the command's
+        "Load average (1 / 5 / 15 min) 0.25 / 0.50 / 0.75 as it started, 4.00 / 1.00 / 0.80 as it ended.",
     ):
         assert expected in text, expected
     console = Console(record=True, width=200)
@@ -227,8 +230,8 @@ def test_a_missing_or_failing_source_is_reported_and_the_others_still_run(
     def broken(quick: bool = False) -> list[PerfFigure]:
         raise ZeroDivisionError("no steps were timed")
 
-    def sampler(dataset_path: Path, repeats: int = 5) -> list[PerfFigure]:
-        seen.update(dataset_path=dataset_path, repeats=repeats)
+    def sampler(dataset_path: Path, repeats: int = 5, peer_env: Path | None = None) -> list[PerfFigure]:
+        seen.update(dataset_path=dataset_path, repeats=repeats, peer_env=peer_env)
         return []
 
     name = _fake_module(monkeypatch, good=good, broken=broken, sampler_figures=sampler)
@@ -244,7 +247,11 @@ def test_a_missing_or_failing_source_is_reported_and_the_others_still_run(
     assert no_data.error.startswith("not measured: Tolokers not found at")
     (tmp_path / "tolokers.npz").write_bytes(b"")
     assert perf.run_source(perf.Source("sampler", name, "sampler_figures", "sampler"), context).error == ""
-    assert seen["dataset_path"] == tmp_path / "tolokers.npz" and seen["repeats"] == 1
+    assert seen["dataset_path"] == tmp_path / "tolokers.npz" and seen["repeats"] == 1 and seen["peer_env"] is None
+    assert ok.load_before is not None and ok.load_after is not None  # every source's own load
+    peered = context.model_copy(update={"peer_env": tmp_path / "peer"})
+    assert perf.run_source(perf.Source("sampler", name, "sampler_figures", "sampler"), peered).error == ""
+    assert seen["peer_env"] == tmp_path / "peer"  # --peer-env reaches the sampler figure
 
 
 def test_the_command_writes_the_report_and_exits_0_with_a_missed_goal(
@@ -262,6 +269,8 @@ def test_the_command_writes_the_report_and_exits_0_with_a_missed_goal(
     assert "**FAIL**" in out.read_text() and "latency missed" in out.read_text()
     result = CliRunner().invoke(app, ["bench", "perf", "--only", "nonsense", "--out", str(out)])
     assert result.exit_code != 0 and "unknown source(s) nonsense" in result.output
+    result = CliRunner().invoke(app, ["bench", "perf", "--peer-env", str(tmp_path / "nowhere"), "--out", str(out)])
+    assert result.exit_code != 0 and "make bench-peer" in result.output
 
 
 # -- 3. the measurement helpers ---------------------------------------------------------------

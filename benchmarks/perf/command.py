@@ -85,6 +85,8 @@ class SourceOutcome(BaseModel):
     figures: list[PerfFigure] = Field(default_factory=list)
     error: str = Field("", description="why this source gave no figures (missing module, an exception)")
     seconds: float = 0.0
+    load_before: tuple[float, float, float] | None = Field(None, description="load average as the source started")
+    load_after: tuple[float, float, float] | None = Field(None, description="load average as it ended")
 
 
 class RunContext(BaseModel):
@@ -122,7 +124,7 @@ def _arguments(function: Callable[..., Any], context: RunContext, source: str) -
 def run_source(source: Source, context: RunContext, out: Console | None = None) -> SourceOutcome:
     """The source's figures, or why there are none; never raises for the source's sake."""
     started = time.monotonic()
-    outcome = SourceOutcome(source=source.name, what=source.what)
+    outcome = SourceOutcome(source=source.name, what=source.what, load_before=load_average())
     try:
         module = importlib.import_module(source.module)
         function = getattr(module, source.function)
@@ -146,6 +148,7 @@ def run_source(source: Source, context: RunContext, out: Console | None = None) 
             out.print(f"[red]{source.name} failed:[/red] {type(exc).__name__}: {exc}", highlight=False)
     finally:
         outcome.seconds = round(time.monotonic() - started, 1)
+        outcome.load_after = load_average()
     return outcome
 
 
@@ -215,6 +218,10 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _load_short(values: tuple[float, float, float]) -> str:
+    return " / ".join(f"{v:.2f}" for v in values)
+
+
 def _load(values: tuple[float, float, float]) -> str:
     return " / ".join(f"{v:.2f}" for v in values) + " (1 / 5 / 15 min)"
 
@@ -263,7 +270,10 @@ def markdown(report: PerfReport) -> str:
             lines.append(f"| {_cell(f.name)} | {_cell(value_text(f))} | {_cell(f.goal or '-')} | {'**FAIL**' if result == 'FAIL' else result} |")
     lines += ["", "## Figures", ""]
     for outcome in report.outcomes:
-        lines += [f"### {outcome.source}: {outcome.what}", "", f"Source run time: {outcome.seconds:.0f} s.", ""]
+        load = ""
+        if outcome.load_before is not None and outcome.load_after is not None:
+            load = f" Load average (1 / 5 / 15 min) {_load_short(outcome.load_before)} as it started, {_load_short(outcome.load_after)} as it ended."
+        lines += [f"### {outcome.source}: {outcome.what}", "", f"Source run time: {outcome.seconds:.0f} s.{load}", ""]
         if outcome.error:
             lines += ["**No figures.** " + outcome.error.splitlines()[0], ""]
             rest = outcome.error.splitlines()[1:]
