@@ -61,7 +61,10 @@ def serve(config: AccountantConfig, ready_file: Path | None = None) -> None:
     # no client certificate is asked for (reading a budget needs no credential)
     https = {"ssl_certfile": str(config.tls.cert_file), "ssl_keyfile": str(config.tls.key_file)} if config.tls else {}
     scheme = "https" if config.tls else "http"
-    server = uvicorn.Server(uvicorn.Config(create_app(accountant), log_level="warning", access_log=False, **https))
+    # log_config=None: uvicorn's lines go through the process's handler, in its format (--log-format)
+    server = uvicorn.Server(uvicorn.Config(
+        create_app(accountant), log_level="warning", access_log=False, log_config=None, **https,
+    ))
 
     def announce() -> None:
         while not server.started and not server.should_exit:

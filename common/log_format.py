@@ -73,17 +73,24 @@ class JsonLineFormatter(logging.Formatter):
         return json.dumps(line, ensure_ascii=False, default=str)
 
 
-def configure_logging(level: str = "info", log_format: str = "text") -> None:
-    """The process's root logger: one stderr handler in ``log_format``, the run id on every record."""
+def configure_logging(level: str = "info", log_format: str = "text", force: bool = False) -> None:
+    """The process's root logger: one stderr handler in ``log_format``, the run id on every record.
+
+    Like ``logging.basicConfig``, it leaves a root logger that already has handlers as it is
+    (a service run inside another program, such as a test runner, logs through that program's
+    handlers) unless ``force``. The settings are checked either way."""
     if log_format not in LOG_FORMATS:
         raise LogSettingError(f"--log-format must be one of {', '.join(LOG_FORMATS)}, got {log_format!r}")
     if level.lower() not in LOG_LEVELS:
         raise LogSettingError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
+    root = logging.getLogger()
+    if root.handlers and not force:
+        return
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(RunIdFilter())
     handler.setFormatter(JsonLineFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
-    root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    logging.captureWarnings(True)  # a Python warning is a line in the same format, not raw stderr
