@@ -306,34 +306,33 @@ class RunConfig(_Model):
         return self
 
 
-# services sharing a few cores each with torch's default (one thread per core) spin against
-# each other: an epoch on a 1M-node graph was many times slower so on 2 cores than with 1 thread
-# each (docs/performance-notes.md)
+# host:port: a host name or an IP address (IPv6 in brackets), and a port (0 = any free port)
+LISTEN = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})$")
 METRICS_LISTEN = (
     "host:port where this service serves its Prometheus metrics at /metrics (port 0 = any free port, "
     "written to --ready-file as metrics_port); unset = no metrics (docs/deployment.md, \"Metrics and logs\")"
 )
 
 
-LISTEN = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})$")
-
-
-def check_listen(value: str, setting: str = "") -> str:
-    """``value`` if it is ``host:port`` (port 0 = any free port), else a ValueError (naming ``setting``
-    if given; a validator's error is named by its location)."""
+def check_metrics_listen(value: str, setting: str = "") -> str:
+    """``value`` if it is ``host:port``, else a ValueError with the fix (naming ``setting`` if
+    given; a validator's error is named by its location)."""
     match = LISTEN.fullmatch(value)
     if match is None or int(match["port"]) > 65535:
         raise ValueError(
-            f"{setting + ' ' if setting else ''}must be host:port, e.g. 127.0.0.1:9464 or [::1]:9464 (port 0 = any free port; "
-            f"leave it unset for no metrics){f', got {value!r}' if setting else ''}"
+            f"{setting + ' ' if setting else ''}must be host:port, e.g. 127.0.0.1:9464 or [::1]:9464 (port 0 = any "
+            f"free port; leave it unset for no metrics){f', got {value!r}' if setting else ''}"
         )
     return value
 
 
 def _metrics_listen(value: str | None) -> str | None:
-    return None if value is None else check_listen(value)
+    return None if value is None else check_metrics_listen(value)
 
 
+# services sharing a few cores each with torch's default (one thread per core) spin against
+# each other: an epoch on a 1M-node graph was many times slower so on 2 cores than with 1 thread
+# each (docs/performance-notes.md)
 TORCH_THREADS = (
     "torch intra-op threads of this service, set when it starts (`vesper serve`); unset = torch's "
     "default, one per core. Set it when services share cores"

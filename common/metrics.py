@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from vesper.common.config import LISTEN, check_listen
+from vesper.common.config import LISTEN, check_metrics_listen
 from vesper.common.writable import SettingError
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class ServiceMetrics:
         """Serve /metrics at ``listen`` (host:port) on a thread of its own; the bound port.
         An address it cannot listen on stops the service (SettingError naming the setting)."""
         setting = f"{self.service}.metrics_listen"
-        match = LISTEN.fullmatch(check_listen(listen, setting))
+        match = LISTEN.fullmatch(check_metrics_listen(listen, setting))
         assert match is not None
         try:
             server, _thread = start_http_server(int(match["port"]), match["host"].strip("[]"), registry=self.registry)
