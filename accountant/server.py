@@ -18,6 +18,7 @@ from vesper.accountant.service import AccountantService
 from vesper.common.charge_token import ensure_distinct_tokens
 from vesper.common.config import AccountantConfig
 from vesper.common.grpc_server import start_server, write_ready_file
+from vesper.common.metrics import AccountantMetrics, start_metrics
 from vesper.common.writable import check_writable_file_dir
 from vesper.proto.v1 import accountant_pb2, accountant_pb2_grpc
 
@@ -46,11 +47,13 @@ def serve(config: AccountantConfig, ready_file: Path | None = None) -> None:
     token, label_token = ensure_distinct_tokens(config.charge_token_file, config.label_charge_token_file)
     store = LedgerStore(config.ledger)
     accountant = Accountant(store)
-    service = AccountantService(accountant, token, label_token)
+    metrics = AccountantMetrics() if config.metrics_listen else None
+    metrics_port = start_metrics(metrics, config.metrics_listen)  # a port it cannot have stops it here
+    service = AccountantService(accountant, token, label_token, metrics)
     name = accountant_pb2.DESCRIPTOR.services_by_name["Accountant"].full_name
     grpc_server, grpc_port = start_server(
         config.listen, [(accountant_pb2_grpc.add_AccountantServicer_to_server, service, name)], max_message_mb=16,
-        tls=config.tls, tls_setting="accountant.tls",
+        tls=config.tls, tls_setting="accountant.tls", metrics=metrics,
     )
     rest_socket = _bind(config.rest_listen)
     rest_host, rest_port = rest_socket.getsockname()[:2]
@@ -58,7 +61,10 @@ def serve(config: AccountantConfig, ready_file: Path | None = None) -> None:
     # no client certificate is asked for (reading a budget needs no credential)
     https = {"ssl_certfile": str(config.tls.cert_file), "ssl_keyfile": str(config.tls.key_file)} if config.tls else {}
     scheme = "https" if config.tls else "http"
-    server = uvicorn.Server(uvicorn.Config(create_app(accountant), log_level="warning", access_log=False, **https))
+    # log_config=None: uvicorn's lines go through the process's handler, in its format (--log-format)
+    server = uvicorn.Server(uvicorn.Config(
+        create_app(accountant), log_level="warning", access_log=False, log_config=None, **https,
+    ))
 
     def announce() -> None:
         while not server.started and not server.should_exit:
@@ -69,7 +75,10 @@ def serve(config: AccountantConfig, ready_file: Path | None = None) -> None:
                 "party B's label charge token %s",
                 grpc_port, scheme, rest_host, rest_port, config.ledger, config.charge_token_file, config.label_charge_token_file,
             )
-            write_ready_file(ready_file, grpc_port=grpc_port, rest_port=rest_port, rest_url=f"{scheme}://{rest_host}:{rest_port}")
+            write_ready_file(
+                ready_file, grpc_port=grpc_port, rest_port=rest_port, rest_url=f"{scheme}://{rest_host}:{rest_port}",
+                metrics_port=metrics_port,
+            )
 
     threading.Thread(target=announce, daemon=True).start()
     # uvicorn re-raises the SIGTERM that stopped it once it has returned; under the default handler that

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hmac
 import json
 import sqlite3
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -29,7 +30,8 @@ from pydantic import ValidationError
 
 from vesper.accountant.budget import Accountant, AccountantError
 from vesper.common.config import describe_validation_error
-from vesper.common.privacy.ledger import LABEL_UNIT, RunStatusView
+from vesper.common.metrics import AccountantMetrics
+from vesper.common.privacy.ledger import KINDS, LABEL_UNIT, LedgerRow, RunStatusView
 from vesper.common.privacy.plan_messages import (
     passes_from_proto,
     plan_rules_from_proto,
@@ -70,7 +72,11 @@ def spender_of(privacy_unit: str) -> str:
 
 
 class AccountantService(pb_grpc.AccountantServicer):
-    def __init__(self, accountant: Accountant, charge_token: str, label_charge_token: str) -> None:
+    def __init__(
+        self, accountant: Accountant, charge_token: str, label_charge_token: str,
+        metrics: AccountantMetrics | None = None,
+    ) -> None:
+        """``metrics``: where charges, refusals, their latency and each run's ε are counted (None: nowhere)."""
         for name, token in (("charge token", charge_token), ("label charge token", label_charge_token)):
             if len(token) < 16:
                 raise ValueError(f"the {name} must have at least 16 characters")
@@ -80,10 +86,39 @@ class AccountantService(pb_grpc.AccountantServicer):
                 "needs its own, or either could spend the other's ledger"
             )
         self.accountant = accountant
+        self.metrics = metrics
         self._expected = {
             PARTY_A: f"Bearer {charge_token}".encode(),
             PARTY_B: f"Bearer {label_charge_token}".encode(),
         }
+
+    def _status(self, view: RunStatusView) -> pb.RunStatus:
+        """The run's status as the reply carries it; its ε and budget as the metrics show them."""
+        if self.metrics is not None:
+            self.metrics.run_status(view.run_id, view.epsilon_spent, view.epsilon_budget)
+        return status_message(view)
+
+    def _charge(self, request: pb.ChargeRequest) -> tuple[LedgerRow, bool]:
+        """The ledger's charge, timed and counted: a new row, a retry, or a refusal (by its status)."""
+        def charge() -> tuple[LedgerRow, bool]:
+            return self.accountant.charge(
+                request.run_id, request.release_key, request.pass_id, request.kind, request.num_nodes,
+                request.nodes_digest, request.release_event_json, request.lease,
+            )
+
+        if self.metrics is None:
+            return charge()
+        started = time.perf_counter()
+        try:
+            row, replayed = charge()
+        except AccountantError as exc:  # the run exists (checked first); a kind it does not know is "other"
+            kind = request.kind if request.kind in KINDS else "other"
+            self.metrics.refusals.labels(request.run_id, kind, exc.code).inc()
+            raise
+        finally:
+            self.metrics.charge_seconds.observe(time.perf_counter() - started)
+        (self.metrics.retries if replayed else self.metrics.charges).labels(row.run_id, row.kind).inc()
+        return row, replayed
 
     @staticmethod
     def _call(context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
@@ -176,36 +211,31 @@ class AccountantService(pb_grpc.AccountantServicer):
                 request.assumption_note, request.lease, request.lease_ttl_s,
             ),
         )
-        return status_message(view)
+        return self._status(view)
 
     def Charge(self, request: pb.ChargeRequest, context: grpc.ServicerContext) -> pb.ChargeReceipt:
         self._authorize_run(context, "charging a release", request.run_id)
-        row, replayed = self._call(
-            context,
-            lambda: self.accountant.charge(
-                request.run_id, request.release_key, request.pass_id, request.kind, request.num_nodes,
-                request.nodes_digest, request.release_event_json, request.lease,
-            ),
-        )
+        row, replayed = self._call(context, lambda: self._charge(request))
         view = self.accountant.status(request.run_id)
+        self._status(view)
         return pb.ChargeReceipt(
             run_id=row.run_id, seq=row.seq, counted=row.counted, epsilon_spent=row.epsilon_after,
             epsilon_budget=view.epsilon_budget, replayed=replayed,
         )
 
     def GetRun(self, request: pb.GetRunRequest, context: grpc.ServicerContext) -> pb.RunStatus:
-        return status_message(self._call(context, lambda: self.accountant.status(request.run_id)))
+        return self._status(self._call(context, lambda: self.accountant.status(request.run_id)))
 
     def CloseRun(self, request: pb.CloseRunRequest, context: grpc.ServicerContext) -> pb.RunStatus:
         self._authorize_run(context, "closing", request.run_id)
         view = self._call(
             context, lambda: self.accountant.close_run(request.run_id, request.status, request.reason, request.lease)
         )
-        return status_message(view)
+        return self._status(view)
 
     def ReopenRun(self, request: pb.ReopenRunRequest, context: grpc.ServicerContext) -> pb.RunStatus:
         self._authorize_run(context, "reopening", request.run_id)
-        return status_message(self._call(context, lambda: self.accountant.reopen_run(
+        return self._status(self._call(context, lambda: self.accountant.reopen_run(
             request.run_id, request.reason, request.lease, request.lease_ttl_s,
         )))
 

@@ -8,6 +8,7 @@ when one is missing. Command-line flags override ``[run]`` values.
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -305,6 +306,30 @@ class RunConfig(_Model):
         return self
 
 
+# host:port: a host name or an IP address (IPv6 in brackets), and a port (0 = any free port)
+LISTEN = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})$")
+METRICS_LISTEN = (
+    "host:port where this service serves its Prometheus metrics at /metrics (port 0 = any free port, "
+    "written to --ready-file as metrics_port); unset = no metrics (docs/deployment.md, \"Metrics and logs\")"
+)
+
+
+def check_metrics_listen(value: str, setting: str = "") -> str:
+    """``value`` if it is ``host:port``, else a ValueError with the fix (naming ``setting`` if
+    given; a validator's error is named by its location)."""
+    match = LISTEN.fullmatch(value)
+    if match is None or int(match["port"]) > 65535:
+        raise ValueError(
+            f"{setting + ' ' if setting else ''}must be host:port, e.g. 127.0.0.1:9464 or [::1]:9464 (port 0 = any "
+            f"free port; leave it unset for no metrics){f', got {value!r}' if setting else ''}"
+        )
+    return value
+
+
+def _metrics_listen(value: str | None) -> str | None:
+    return None if value is None else check_metrics_listen(value)
+
+
 # services sharing a few cores each with torch's default (one thread per core) spin against
 # each other: an epoch on a 1M-node graph was many times slower so on 2 cores than with 1 thread
 # each (docs/performance-notes.md)
@@ -364,6 +389,12 @@ class PartyAConfig(_Model):
         None, ge=1, le=1 << 31,
         description="how many blinded keys this party sends in an alignment (docs/alignment.md): at least its key count; unset = the next power of two, so the other party learns the count only to within a factor of two",
     )
+    metrics_listen: str | None = Field(None, description=METRICS_LISTEN)
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _metrics_listen(cls, value: str | None) -> str | None:
+        return _metrics_listen(value)
 
 
 # a decoder has one output row per class: a bound keeps a stray label value from asking for terabytes
@@ -407,6 +438,12 @@ class PartyBConfig(_Model):
         None, ge=1, le=1 << 31,
         description="how many blinded keys this party sends in an alignment (docs/alignment.md): at least its key count; unset = the next power of two, so the other party learns the count only to within a factor of two",
     )
+    metrics_listen: str | None = Field(None, description=METRICS_LISTEN)
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _metrics_listen(cls, value: str | None) -> str | None:
+        return _metrics_listen(value)
 
 
 class AccountantConfig(_Model):
@@ -422,6 +459,12 @@ class AccountantConfig(_Model):
         description="party B's credential for its label ledgers (privacy unit label); created (0600) if missing",
     )
     tls: TlsConfig | None = Field(None, description="mutual TLS on gRPC, server TLS on REST; unset = plaintext (loopback only)")
+    metrics_listen: str | None = Field(None, description=METRICS_LISTEN)
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _metrics_listen(cls, value: str | None) -> str | None:
+        return _metrics_listen(value)
 
 
 class CoordinatorConfig(_Model):

@@ -16,6 +16,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from vesper.common.config import TlsConfig
+from vesper.common.grpc_observer import CallObserver
+from vesper.common.metrics import ServiceMetrics
 from vesper.common.tls import SERVICE_CALLERS, RoleGate, server_credentials
 
 log = logging.getLogger(__name__)
@@ -38,12 +40,14 @@ def channel_options(max_message_mb: int) -> list[tuple[str, int]]:
 
 def start_server(
     listen: str, services: list[Registration], max_message_mb: int, tls: TlsConfig | None = None,
-    tls_setting: str = "tls",
+    tls_setting: str = "tls", metrics: ServiceMetrics | None = None,
 ) -> tuple[grpc.Server, int]:
     """Start a server with the given (add_to_server, servicer, full service name) triples.
 
     With ``tls`` (configured at ``tls_setting``, named in errors) it listens with mutual TLS
-    and admits each service's callers by role (common/tls.py); without, plaintext.
+    and admits each service's callers by role (common/tls.py); without, plaintext. Every call is
+    observed (common/grpc_observer.py): its status and bytes counted into ``metrics`` when given,
+    and the run its request names put on the lines it logs.
     Returns the server and the bound port (useful with port 0).
     """
     # clients ping every 30 s even on a silent stream (a long one-shot release); the default
@@ -54,7 +58,10 @@ def start_server(
     ]
     # the files are read before anything listens: a bad one stops the service at start
     credentials = server_credentials(tls, tls_setting) if tls is not None else None
-    interceptors = [RoleGate(SERVICE_CALLERS)] if tls is not None else []
+    # the observer first: it is the outermost wrapper, so it also counts the role gate's refusals
+    interceptors: list[grpc.ServerInterceptor] = [CallObserver(metrics)]
+    if tls is not None:
+        interceptors.append(RoleGate(SERVICE_CALLERS))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=options, interceptors=interceptors)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -72,13 +79,13 @@ def start_server(
     return server, port
 
 
-def write_ready_file(path: Path | None, **ports: int | str) -> None:
-    """Tell whoever started us where we listen (written atomically once serving)."""
+def write_ready_file(path: Path | None, **ports: int | str | None) -> None:
+    """Tell whoever started us where we listen (written atomically once serving); None values are left out."""
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps({"pid": os.getpid(), **ports}))
+    tmp.write_text(json.dumps({"pid": os.getpid(), **{key: value for key, value in ports.items() if value is not None}}))
     tmp.replace(path)
 
 

@@ -113,9 +113,10 @@ def _healthy(address: str, tls: TlsConfig | None = None) -> bool:
 
 def start_service(
     kind: str, config_path: Path, workdir: Path, env: dict[str, str] | None = None,
-    prefix: Sequence[str] = (), tls: TlsConfig | None = None,
+    prefix: Sequence[str] = (), tls: TlsConfig | None = None, log_format: str = "text",
 ) -> ServiceProcess:
-    """Start ``vesper serve KIND`` as a process of its own.
+    """Start ``vesper serve KIND`` as a process of its own, logging to ``workdir/logs/KIND.log``
+    in ``log_format`` (text or json lines).
 
     ``prefix``: a command the service runs under, e.g. ``["ip", "netns", "exec", NS]`` for a
     host of its own (its health is then not probed from here); ``tls``: a certificate of the
@@ -125,7 +126,10 @@ def start_service(
     ready.unlink(missing_ok=True)
     log_path = workdir / "logs" / f"{kind}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    command = [*prefix, sys.executable, "-m", "vesper.coordinator", "serve", kind, "--config", str(config_path), "--ready-file", str(ready)]
+    command = [
+        *prefix, sys.executable, "-m", "vesper.coordinator", "serve", kind, "--config", str(config_path),
+        "--ready-file", str(ready), "--log-format", log_format,
+    ]
     with log_path.open("ab") as log:
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
@@ -171,14 +175,20 @@ class LocalCluster:
         ledger: Path | None = None,
         datasets: dict[str, str] | None = None,
         tls: bool = False,
+        accountant: dict[str, Any] | None = None,
+        log_format: str = "text",
     ) -> None:
         """``tls``: every connection mutual TLS, with certificates made in ``workdir/certs``
-        (``vesper certs``; kept and reused when the cluster starts again)."""
+        (``vesper certs``; kept and reused when the cluster starts again); ``party_a``,
+        ``party_b``, ``accountant``: settings added to each service's section (e.g.
+        ``metrics_listen``); ``log_format``: the services' logs, text or json lines."""
         self.workdir = workdir
         self.tls = tls
         self.certs_dir = workdir / "certs"
         self.extra_a = party_a or {}
         self.extra_b = party_b or {}
+        self.extra_accountant = accountant or {}
+        self.log_format = log_format
         self.ledger = ledger or workdir / "ledger.sqlite"
         self.charge_token_file = self.ledger.parent / "charge.token"
         self.label_token_file = self.ledger.parent / "label-charge.token"
@@ -239,6 +249,7 @@ class LocalCluster:
                 "charge_token_file": str(self.charge_token_file),
                 "label_charge_token_file": str(self.label_token_file),
                 "tls": self._tls_section("accountant"),
+                **self.extra_accountant,
             })
             write_section(configs / "party_b.toml", "party_b", {
                 "listen": "127.0.0.1:0", "workdir": str(self.workdir / "party_b"),
@@ -248,8 +259,8 @@ class LocalCluster:
                 "tls": self._tls_section("party-b"),
                 **self.extra_b,
             })
-            accountant = start_service("accountant", configs / "accountant.toml", self.workdir, tls=self.coordinator_tls)
-            party_b = start_service("party-b", configs / "party_b.toml", self.workdir, tls=self.coordinator_tls)
+            accountant = self._start("accountant", configs / "accountant.toml")
+            party_b = self._start("party-b", configs / "party_b.toml")
             self.services = {"accountant": accountant, "party-b": party_b}
             accountant.wait_ready()
             party_b.wait_ready()
@@ -266,9 +277,12 @@ class LocalCluster:
             "tls": self._tls_section("party-a"),
             **self.extra_a,
         })
-        party_a = start_service("party-a", configs / "party_a.toml", self.workdir, tls=self.coordinator_tls)
+        party_a = self._start("party-a", configs / "party_a.toml")
         self.services["party-a"] = party_a
         party_a.wait_ready()
+
+    def _start(self, kind: str, config_path: Path) -> ServiceProcess:
+        return start_service(kind, config_path, self.workdir, tls=self.coordinator_tls, log_format=self.log_format)
 
     def stop(self) -> None:
         for name in ("party-a", "party-b", "accountant"):
@@ -287,7 +301,7 @@ class LocalCluster:
         if "rest_port" in old.info:
             values["rest_listen"] = f"127.0.0.1:{old.info['rest_port']}"
         write_section(path, section, values)
-        service = start_service(name, path, self.workdir, tls=self.coordinator_tls)
+        service = self._start(name, path)
         self.services[name] = service
         service.wait_ready()
         return service

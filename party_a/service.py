@@ -23,6 +23,8 @@ from vesper.common.charge_token import TokenError, read_token
 from vesper.common.config import PartyAConfig, RunConfig, describe_validation_error
 from vesper.common.dataset_files import DatasetNotFound, resolve_dataset
 from vesper.common.grpc_server import start_server, wait_for_signal, write_ready_file
+from vesper.common.log_format import name_run, running
+from vesper.common.metrics import NO_COUNTERS, PartyAMetrics, start_metrics
 from vesper.common.stores import GRAPH_FILE, aligned_datasets
 from vesper.common.torch_threads import apply_torch_threads
 from vesper.common.writable import check_writable_dir
@@ -51,8 +53,10 @@ def _progress_message(event: ProgressEvent, run_id: str, config: RunConfig) -> p
 
 
 class GraphPartyService(pb_grpc.GraphPartyServicer):
-    def __init__(self, settings: PartyAConfig) -> None:
+    def __init__(self, settings: PartyAConfig, metrics: PartyAMetrics | None = None) -> None:
+        """``metrics``: where runs count their steps and releases (None: nowhere)."""
         self.settings = settings
+        self.metrics = metrics
         self.device = torch.device(settings.device)
         self._data: dict[Path, GraphData] = {}
         self._lock = threading.Lock()
@@ -149,9 +153,12 @@ class GraphPartyService(pb_grpc.GraphPartyServicer):
         self._claim(request.run_id, context)
         label_party, accountant = self._label_party(), self._accountant(context)
 
+        counters = self.metrics.for_run(request.run_id) if self.metrics is not None else NO_COUNTERS
+
         def work(report: Callable[[ProgressEvent | str], None]) -> str:
             data = self._load(resolve_dataset(config.dataset, self.datasets()))
-            done = PredictionPass(request.run_id, self.settings, data, label_party, accountant, report).execute()
+            with running(request.run_id):
+                done = PredictionPass(request.run_id, self.settings, data, label_party, accountant, report, counters).execute()
             log.info("run %s: prediction pass %d, %d nodes", done.run_id, done.pass_index, done.nodes)
             return done.model_dump_json()
 
@@ -208,14 +215,16 @@ class GraphPartyService(pb_grpc.GraphPartyServicer):
                 )
         run = GraphPartyRun(
             config, self.settings, data, label_party, accountant,
-            report=events.put, cancelled=lambda: not context.is_active(), resume=resume,
+            report=events.put, cancelled=lambda: not context.is_active(), resume=resume, metrics=self.metrics,
         )
+        name_run(run.run_id)  # this call's log lines name the run (the server clears it when the call ends)
         if resume is None:
             self._claim(run.run_id, context)  # a resume of it is refused while it trains
 
         def work() -> None:
             try:
-                events.put(run.execute())
+                with running(run.run_id):  # every line the run logs names it
+                    events.put(run.execute())
             except Exception as exc:  # a bug, not a peer failure: still end the stream clearly
                 log.exception("run %s crashed", run.run_id)
                 events.put(exc)
@@ -285,12 +294,14 @@ def _in_background(
 def serve(settings: PartyAConfig, ready_file: Path | None = None) -> None:
     check_writable_dir(settings.workdir, "party_a.workdir")  # before it serves: SettingError otherwise
     threads = apply_torch_threads(settings.torch_threads)  # before any tensor work
+    metrics = PartyAMetrics() if settings.metrics_listen else None
+    metrics_port = start_metrics(metrics, settings.metrics_listen)  # a port it cannot have stops it here
     name = pb.DESCRIPTOR.services_by_name["GraphParty"].full_name
     server, port = start_server(
-        settings.listen, [(pb_grpc.add_GraphPartyServicer_to_server, GraphPartyService(settings), name)],
-        settings.max_message_mb, tls=settings.tls, tls_setting="party_a.tls",
+        settings.listen, [(pb_grpc.add_GraphPartyServicer_to_server, GraphPartyService(settings, metrics), name)],
+        settings.max_message_mb, tls=settings.tls, tls_setting="party_a.tls", metrics=metrics,
     )
     log.info("party A serving on port %d (device %s, %d torch threads); party B at %s, accountant at %s",
              port, settings.device, threads, settings.label_party, settings.accountant)
-    write_ready_file(ready_file, grpc_port=port, torch_threads=threads)
+    write_ready_file(ready_file, grpc_port=port, torch_threads=threads, metrics_port=metrics_port)
     wait_for_signal(lambda: server.stop(grace=5).wait())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +25,7 @@ from vesper.common.accountant_client import AccountantClient, BudgetRefused, Pee
 from vesper.common.charge_token import TokenError, read_token
 from vesper.common.config import DecoderConfig, LabelPrivacyConfig, OptimizerConfig, PartyBConfig
 from vesper.common.dataset_files import DatasetNotFound, resolve_dataset
+from vesper.common.metrics import PartyBMetrics
 from vesper.common.stores import LABEL_FILE, aligned_datasets
 from vesper.common.wire import (
     WireError,
@@ -107,10 +109,13 @@ def accountant_client(config: PartyBConfig, channel: grpc.Channel | None = None)
 class LabelParty:
     """B's sessions (one per run or stage) and label guards (one per run), and the calls on them."""
 
-    def __init__(self, config: PartyBConfig, accountant_channel: grpc.Channel | None = None) -> None:
+    def __init__(
+        self, config: PartyBConfig, accountant_channel: grpc.Channel | None = None, metrics: PartyBMetrics | None = None,
+    ) -> None:
         """``accountant_channel``: a channel to the accountant instead of one B opens itself
-        (the in-process mode's, coordinator/in_process.py)."""
+        (the in-process mode's, coordinator/in_process.py); ``metrics``: where steps are timed."""
         self.config = config
+        self.step_seconds = metrics.step_seconds if metrics is not None else None
         self.device = torch.device(config.device)
         self.receipts = ReceiptLog(config.receipt_log)
         self.max_elements = config.max_message_mb * 1024 * 1024 // 2
@@ -278,7 +283,11 @@ class LabelParty:
                     session = self._claim_stream(request.run_id)
                 elif request.run_id != session.run_id:
                     raise BadRequest(f"wrong run id {request.run_id!r} on the stream of run {session.run_id!r}")
-                yield self._train_step(session, request)
+                started = time.perf_counter()
+                reply = self._train_step(session, request)
+                if self.step_seconds is not None:
+                    self.step_seconds.observe(time.perf_counter() - started)
+                yield reply
         finally:
             if session is not None:
                 session.streaming = False

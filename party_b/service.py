@@ -15,6 +15,7 @@ import grpc
 
 from vesper.common.config import PartyBConfig
 from vesper.common.grpc_server import start_server, wait_for_signal, write_ready_file
+from vesper.common.metrics import PartyBMetrics, start_metrics
 from vesper.common.torch_threads import apply_torch_threads
 from vesper.common.writable import check_writable_dir, check_writable_file_dir
 from vesper.party_b import errors
@@ -44,10 +45,12 @@ def _statuses(context: grpc.ServicerContext) -> Iterator[None]:
 
 
 class LabelPartyService(pb_grpc.LabelPartyServicer):
-    def __init__(self, config: PartyBConfig, accountant_channel: grpc.Channel | None = None) -> None:
+    def __init__(
+        self, config: PartyBConfig, accountant_channel: grpc.Channel | None = None, metrics: PartyBMetrics | None = None,
+    ) -> None:
         """``accountant_channel``: a channel to the accountant instead of one B opens itself
-        (the in-process mode's, coordinator/in_process.py)."""
-        self.handler = LabelParty(config, accountant_channel)
+        (the in-process mode's, coordinator/in_process.py); ``metrics``: the service's /metrics."""
+        self.handler = LabelParty(config, accountant_channel, metrics)
 
     def SetupRun(self, request: pb.SetupRunRequest, context: grpc.ServicerContext) -> pb.SetupRunReply:
         with _statuses(context):
@@ -105,13 +108,17 @@ def serve(config: PartyBConfig, ready_file: Path | None = None) -> None:
     if config.receipt_log is not None:
         check_writable_file_dir(config.receipt_log, "party_b.receipt_log")
     threads = apply_torch_threads(config.torch_threads)  # before any tensor work
-    service = LabelPartyService(config)
+    metrics = PartyBMetrics() if config.metrics_listen else None
+    metrics_port = start_metrics(metrics, config.metrics_listen)  # a port it cannot have stops it here
+    service = LabelPartyService(config, metrics=metrics)
     services = [
         (pb_grpc.add_LabelPartyServicer_to_server, service, pb.DESCRIPTOR.services_by_name["LabelParty"].full_name),
         (pb_grpc.add_LabelOwnerServicer_to_server, LabelOwnerService(service.handler),
          pb.DESCRIPTOR.services_by_name["LabelOwner"].full_name),
     ]
-    server, port = start_server(config.listen, services, config.max_message_mb, tls=config.tls, tls_setting="party_b.tls")
+    server, port = start_server(
+        config.listen, services, config.max_message_mb, tls=config.tls, tls_setting="party_b.tls", metrics=metrics,
+    )
     log.info("party B serving on port %d (device %s, %d torch threads)", port, config.device, threads)
-    write_ready_file(ready_file, grpc_port=port, torch_threads=threads)
+    write_ready_file(ready_file, grpc_port=port, torch_threads=threads, metrics_port=metrics_port)
     wait_for_signal(lambda: server.stop(grace=5).wait())

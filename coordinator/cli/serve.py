@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -29,9 +27,18 @@ def serve(
     listen: Optional[str] = typer.Option(None, "--listen", help="Override the gRPC listen address host:port."),
     ready_file: Optional[Path] = typer.Option(None, "--ready-file", help="Write the bound ports (and torch threads) here as JSON once serving."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+    log_format: str = typer.Option(
+        "text", "--log-format",
+        help="text, or json: one JSON object per line on stderr (ts, level, logger, message, run_id).",
+    ),
 ) -> None:
     """Run party A, party B or the accountant until SIGINT/SIGTERM."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    from vesper.common.log_format import LogSettingError, configure_logging
+
+    try:
+        configure_logging(log_level, log_format)
+    except LogSettingError as exc:
+        fail(str(exc))
     cfg = load_settings(config)
     section = service.value.replace("-", "_")
     settings = getattr(cfg, section)

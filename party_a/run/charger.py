@@ -9,6 +9,7 @@ checks it against the journal) before the caller sends it.
 
 from __future__ import annotations
 
+import contextvars
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -18,6 +19,7 @@ import torch
 
 from vesper.common.accountant_client import nodes_digest
 from vesper.common.config import RunConfig
+from vesper.common.metrics import NO_COUNTERS, RunCounters
 from vesper.common.wire import encode_tensor
 from vesper.party_a.extractors.base import ChargePlan, Extractor, RootPlan
 from vesper.party_a.peers import AccountantClient, LeaseRefused
@@ -42,14 +44,16 @@ class WriteAheadCharger:
 
     def __init__(
         self, accountant: AccountantClient, run_id: str, journal: ReleaseJournal, config: RunConfig,
-        device: torch.device, report: Report,
+        device: torch.device, report: Report, counters: RunCounters = NO_COUNTERS,
     ) -> None:
+        """``counters``: the service's metrics of this run's releases (party A's /metrics)."""
         self.accountant = accountant
         self.run_id = run_id
         self.journal = journal
         self.config = config
         self.device = device
         self.report = report
+        self.counters = counters
         self.epsilon_spent = 0.0
         self.charges = 0  # ledger rows of this run so far
 
@@ -118,6 +122,7 @@ class WriteAheadCharger:
     def charge(self, roots: torch.Tensor, release: Release, pass_id: str, kind: str, index: int) -> None:
         """The write-ahead charge: returns only once the accountant has committed it."""
         self._count(self._commit(roots, release, pass_id, kind, index))
+        self.counters.release(kind)
 
     def _commit(self, roots: torch.Tensor, release: Release, pass_id: str, kind: str, index: int) -> acc_pb.ChargeReceipt:
         """The Charge RPC alone (thread-safe: ``charge_ahead`` runs it on a worker thread)."""
@@ -143,7 +148,8 @@ class WriteAheadCharger:
         release B never receives (over-counted, never under-counted; a resume sends it under
         that charge). docs/faults.md.
         """
-        future = worker.submit(self._commit, roots, release, pass_id, "train", index)
+        # in this thread's context: what the charge logs (a retry) names the run
+        future = worker.submit(contextvars.copy_context().run, self._commit, roots, release, pass_id, "train", index)
         return PendingCharge(f"{pass_id}/{index}", future)
 
     def charged_release(
@@ -165,8 +171,10 @@ class WriteAheadCharger:
             self.charge(roots, release, pass_id, kind, index)
         else:
             self._count(charged.future.result())
+            self.counters.release(kind)
         timer.mark("charge")
         message = encode_tensor(embeddings, self.config.wire_dtype)
+        self.counters.wire_bytes(kind, message.ByteSize())
         timer.mark("encode")
         replays = len(self.journal.inexact_replays)
         message = self.journal.before_send(key, message)  # on resume: the bytes sent before

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from vesper.common.config import PartyAConfig, RunConfig
+from vesper.common.metrics import NO_COUNTERS, RunCounters
 from vesper.party_a.peers import LabelPartyClient
 from vesper.party_a.run.charger import WriteAheadCharger
 from vesper.party_a.run.progress import Cancelled, Report
@@ -25,6 +26,7 @@ class RunContext:
     report: Report
     cancelled: Callable[[], bool]
     steps_done: int = 0  # training steps B answered, over every session of the run
+    counters: RunCounters = NO_COUNTERS  # party A's /metrics of this run
 
     def run_dir(self) -> Path:
         path = self.settings.workdir / "runs" / self.run_id

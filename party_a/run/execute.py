@@ -9,6 +9,7 @@ from collections.abc import Callable
 import torch
 
 from vesper.common.config import Metric, PartyAConfig, RunConfig, RunSummary
+from vesper.common.metrics import NO_COUNTERS, PartyAMetrics
 from vesper.common.optim import build_optimizer
 from vesper.party_a.extractors.base import (
     ChargePlan,
@@ -52,8 +53,10 @@ class GraphPartyRun:
         report: Report = lambda event: None,
         cancelled: Callable[[], bool] = lambda: False,
         resume: dict | None = None,
+        metrics: PartyAMetrics | None = None,
     ) -> None:
-        """``resume``: the run's resume record (party_a.run.checkpoint_files), to continue it."""
+        """``resume``: the run's resume record (party_a.run.checkpoint_files), to continue it;
+        ``metrics``: the service's, where the run's steps and releases are counted."""
         self.config = config
         self.settings = settings
         self.data = data
@@ -71,8 +74,11 @@ class GraphPartyRun:
         run_dir = settings.workdir / "runs" / self.run_id
         run_dir.mkdir(parents=True, exist_ok=True)
         files = RunFiles(run_dir)
-        self.charger = WriteAheadCharger(accountant, self.run_id, files.journal(), config, device, report)
-        self.ctx = RunContext(config, settings, self.run_id, device, label_party, self.charger, report, cancelled)
+        counters = metrics.for_run(self.run_id) if metrics is not None else NO_COUNTERS
+        self.charger = WriteAheadCharger(accountant, self.run_id, files.journal(), config, device, report, counters)
+        self.ctx = RunContext(
+            config, settings, self.run_id, device, label_party, self.charger, report, cancelled, counters=counters,
+        )
         self.checkpoints = RunCheckpoints(self.ctx, files, self.generators, resume is not None)
         self.hooks = RunHooks.for_run(config, settings, report, self.ctx.run_dir)
         self.step_timings = StepTimings()  # the main session's, saved as runs/<id>/step_timings.json

@@ -28,6 +28,7 @@ import torch
 from pydantic import BaseModel
 
 from vesper.common.config import PartyAConfig, RunConfig, RunSummary
+from vesper.common.metrics import NO_COUNTERS, RunCounters
 from vesper.common.privacy.events import event_from_json
 from vesper.party_a.extractors.base import Extractor, ExtractorSetup
 from vesper.party_a.extractors.registry import lookup, validated_params
@@ -107,9 +108,11 @@ def _check_affordable(config: RunConfig, release: Release, begun: int, run_id: s
 class PredictionPass:
     def __init__(
         self, run_id: str, settings: PartyAConfig, data: GraphData, label_party: LabelPartyClient,
-        accountant: AccountantClient, report: Report = lambda event: None,
+        accountant: AccountantClient, report: Report = lambda event: None, counters: RunCounters = NO_COUNTERS,
     ) -> None:
+        """``counters``: party A's /metrics of the run, where the pass's releases are counted."""
         self.run_id = run_id
+        self.counters = counters
         self.settings = settings
         self.data = data
         self.label_party = label_party
@@ -149,7 +152,7 @@ class PredictionPass:
         keeper = LeaseKeeper(self.accountant, self.run_id, self.settings.lease_s).start()
         charger = WriteAheadCharger(
             self.accountant, self.run_id, RunFiles(self.run_dir).journal(), self.config, self.data.features.device,
-            self.report,
+            self.report, self.counters,
         )
         try:
             reply = self._release_all(extractor, charger)

@@ -195,6 +195,7 @@ class StepLoop:
         self.timer.mark("update")
         self.step += 1
         self.ctx.steps_done += 1
+        self.ctx.counters.step()
 
 
 def check_reply(
