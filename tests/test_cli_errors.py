@@ -15,3 +15,10 @@ def test_an_error_naming_a_toml_section_keeps_its_brackets(tmp_path: Path) -> No
     result = CliRunner().invoke(app, ["serve", "accountant", "--config", str(config)])
     assert result.exit_code == 2
     assert f"{config} has no [accountant] section" in result.output.replace("\n", "")
+
+
+def test_demo_refuses_an_unknown_log_format_before_starting_anything(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["demo", "--log-format", "yaml", "--workdir", str(tmp_path / "demo")])
+    assert result.exit_code == 2
+    assert "--log-format must be one of text, json, got 'yaml'" in result.output.replace("\n", "")
+    assert not (tmp_path / "demo").exists()

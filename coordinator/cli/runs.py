@@ -165,15 +165,21 @@ def demo(
         ".csv or .parquet file.",
     ),
     all_keys: bool = typer.Option(False, "--all", help="With --predict-out: score every key, not only B's unlabelled ones."),
+    log_format: str = typer.Option(
+        "text", "--log-format", help="The services' logs in WORKDIR/logs: text, or json lines with the run id on each.",
+    ),
 ) -> None:
     """Start the three services on loopback, train, evaluate, report, shut down.
 
     With --party-a-data and --party-b-data: your own files (vesper data import), aligned privately
     first (vesper align); with --predict-out: the scores of the trained model too.
     """
+    from vesper.common.log_format import LOG_FORMATS
     from vesper.coordinator.processes import LocalCluster, ServiceStartError
     from vesper.coordinator.run_client import RunClientError, drive_run
 
+    if log_format not in LOG_FORMATS:
+        fail(f"--log-format must be one of {', '.join(LOG_FORMATS)}, got {log_format!r}")
     cfg = load_settings(config)
     overrides = run_overrides(**locals())
     own = own_data(party_a_data, party_b_data)
@@ -182,7 +188,7 @@ def demo(
     run, baseline = _demo_settings(cfg, overrides, extractor, label_privacy, baseline)
     console.print(f"starting the accountant, party B and party A on loopback (logs in {workdir / 'logs'})")
     try:
-        with LocalCluster(workdir.resolve(), **own) as cluster:
+        with LocalCluster(workdir.resolve(), log_format=log_format, **own) as cluster:
             console.print(f"accountant status: {cluster.status_url}/v1/runs", highlight=False)
             if own:  # the run trains on the aligned dataset
                 run = run.model_copy(update={"dataset": align_own_data(cluster)})
