@@ -24,27 +24,19 @@ from vesper.coordinator.public_facts import with_published_edge_bound
 
 DEFAULT_EXTRACTORS = ("mlp", "pmp-gin", "pmp-gcn", "gap", "vfgnn", "dpar-edge")
 
-# Per-extractor recipes: dotted RunConfig overrides on top of the base run (a key the
-# command line sets explicitly still comes from the recipe). Every extractor runs its
-# documented defaults (measurements: docs/extractors/*.md); fewer epochs over whole
-# neighbourhoods give PMP more signal per release (`vesper bench snr`) but leave its
-# encoder under-trained: on Cora at ε = 4, 10 epochs at fanout 0 scored 0.39-0.57.
-# GAP's classifier trains on fixed noisy hops, so more epochs fit their noise: on
-# Tolokers 50 epochs scored 0.707 (seed 0) where 20 scored 0.736 ± 0.009 (gap.md).
-RECIPES: dict[str, dict[str, Any]] = {
-    "mlp": {},
-    "pmp-gin": {},
-    "pmp-gcn": {},
-    "gap": {"extractor.layers": 1, "epochs": 20},
-    "vfgnn": {},
-    "dpar-edge": {},
-    "dpar-node": {},
-    # pre-training makes the VFL epochs free; fewer epochs keep the classifier off the noise
-    "relational": {"epochs": 20},
-    "relational-gap": {"extractor.layers": 1, "epochs": 20},
-    # every step is charged at node level: few, large steps (docs/extractors/heterpoisson.md)
-    "heterpoisson": {"epochs": 5, "batch_size": 512, "extractor.dim": 16},
-}
+def _extractor_defaults() -> dict[str, dict[str, Any]]:
+    """Each installed extractor's own run defaults (``ExtractorSpec.run_defaults``: what party A
+    applies to a run that does not set them), dotted RunConfig keys."""
+    from vesper.party_a.extractors.registry import installed
+
+    return {found.name: dict(found.extractor.spec.run_defaults) for found in installed() if found.extractor is not None}
+
+
+# Per-extractor recipes: each extractor's own defaults, set explicitly on every cell so that the
+# reports name them (a key the command line sets explicitly still comes from the recipe). The
+# measurements behind them are in each extractor's spec and docs/extractors/*.md. A benchmark
+# that reproduces a paper's settings would add its own here; none does.
+RECIPES: dict[str, dict[str, Any]] = _extractor_defaults()
 
 
 class TableRow(BaseModel):

@@ -184,7 +184,7 @@ class InProcessCluster:
         the run after its current step (closed at the accountant as cancelled), then re-raises.
         """
         try:  # the configuration crosses as JSON, as the coordinator sends it to A
-            config = RunConfig.model_validate_json(config.model_dump_json())
+            config = RunConfig.model_validate_json(config.model_dump_json(exclude_unset=True))
         except ValidationError as exc:
             raise _refused(grpc.StatusCode.INVALID_ARGUMENT, f"invalid run configuration: {exc}") from None
         settings = self.settings_a

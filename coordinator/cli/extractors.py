@@ -36,7 +36,7 @@ def extractors_command(
                 row.update({
                     "privacy_unit": spec.privacy_unit, "cost_model": spec.cost_model, "summary": spec.summary,
                     "accountings": list(spec.accountings), "edge_sampling": spec.edge_sampling,
-                    "uses": list(spec.uses), "docs": spec.docs,
+                    "uses": list(spec.uses), "docs": spec.docs, "run_defaults": spec.run_defaults,
                     "params": [{"name": n, "default": d, "description": t} for n, d, t in describe_params(spec.params)],
                 })
             rows.append(row)
@@ -60,5 +60,8 @@ def extractors_command(
         console.print(f"[bold]{spec.name}[/]: {spec.summary}", highlight=False)
         shared = ", ".join(spec.uses) or "none"
         console.print(f"  from {item.distribution}; docs {spec.docs or '-'}; reads extractor.{{{shared}}}", highlight=False)
+        if spec.run_defaults:
+            defaults = ", ".join(f"{key}={value}" for key, value in spec.run_defaults.items())
+            console.print(f"  its defaults, for what a run does not set: {defaults}", highlight=False)
         for name, default, description in describe_params(spec.params):
             console.print(f"  --param {name}=…  (default {default}) {description}", highlight=False)

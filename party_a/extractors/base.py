@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol, get_args, runtime_checkable
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from vesper.common.config import RunConfig
@@ -81,6 +81,10 @@ class ExtractorSpec(BaseModel):
     edge_sampling: bool = False  # whether privacy.edge_sample_rate is supported
     docs: str = ""  # path of its docs page, relative to the repository
     no_prediction: str = ""  # why `vesper predict` cannot serve its runs ("" = it can)
+    # the run settings this method trains best with, as dotted RunConfig keys (``epochs``,
+    # ``extractor.layers``, ...): applied by party A to every run that does not set them itself
+    # (registry.with_run_defaults), and used by the benchmarks; docs/extractors/<name>.md measures them
+    run_defaults: dict[str, Any] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -229,6 +229,8 @@ class HeterPoissonExtractor(ExtractorBase):
         params=HeterPoissonParams, uses=("dim", "encoder_hidden", "noise_multiplier"),
         accountings=("visible-batch",), accountants=("pld",), relation=RELATION,
         docs="docs/extractors/heterpoisson.md",
+        # every step is charged at node level: few, large steps (docs/extractors/heterpoisson.md)
+        run_defaults={"epochs": 5, "batch_size": 512, "extractor.dim": 16},
     )
 
     def __init__(self, setup: ExtractorSetup) -> None:

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from vesper.common.config import RunConfig
+from vesper.common.config import RunConfig, set_dotted
 from vesper.party_a.extractors.base import Extractor, ExtractorSpec
 
 GROUP = "vesper.extractors"
@@ -98,6 +99,29 @@ def validated_params(spec: ExtractorSpec, config: RunConfig) -> BaseModel:
             f"extractor.params.{'.'.join(str(p) for p in error['loc'])}: {error['msg']}" for error in exc.errors()
         )
         raise ValueError(f"bad parameters for extractor {spec.name}: {problems}") from None
+
+
+def with_run_defaults(config: RunConfig) -> tuple[RunConfig, dict[str, Any]]:
+    """``config`` with its extractor's ``run_defaults`` for every setting the run did not set
+    itself (a TOML key or a flag: pydantic's fields set), and the defaults that were applied."""
+    defaults = lookup(config.extractor.name).spec.run_defaults
+    applied = {dotted: value for dotted, value in defaults.items() if not _is_set(config, dotted)}
+    if not applied:
+        return config, {}
+    data = config.model_dump(mode="json", exclude_unset=True)
+    for dotted, value in applied.items():
+        set_dotted(data, dotted, value)
+    return RunConfig.model_validate(data), applied
+
+
+def _is_set(model: BaseModel, dotted: str) -> bool:
+    """Whether the dotted setting was given explicitly (each section on its path, then the key)."""
+    *sections, leaf = dotted.split(".")
+    for name in sections:
+        if name not in model.model_fields_set:
+            return False
+        model = getattr(model, name)
+    return leaf in model.model_fields_set
 
 
 def describe_params(model: type[BaseModel]) -> list[tuple[str, str, str]]:

@@ -499,6 +499,8 @@ class RelationalExtractor(ExtractorBase):
         "per-node embeddings; training with B costs nothing",
         params=RelationalParams, uses=("dim", "encoder_hidden", "noise_multiplier"),
         accountings=("visible-batch",), docs="docs/extractors/relational.md",
+        # pre-training makes the epochs with B free; fewer keep the classifier off the noise (relational.md)
+        run_defaults={"epochs": 20},
     )
 
     def __init__(self, setup: ExtractorSetup) -> None:

@@ -61,6 +61,7 @@ class RelationalGapExtractor(GapExtractor):
         "noisy hops over the whole graph released once; training and evaluation are free",
         params=RelationalGapParams, uses=("layers", "dim", "encoder_hidden", "noise_multiplier"),
         accountings=("visible-batch",), docs="docs/extractors/relational.md",
+        run_defaults={"extractor.layers": 1, "epochs": 20},  # GAP's (gap.py), for the same reason
     )
 
     def __init__(self, setup: ExtractorSetup) -> None:

@@ -1,0 +1,63 @@
+"""Each extractor's own run defaults (issue #21 item 3): party A applies them to what a run does
+not set itself, an explicit setting wins, and the benchmarks use the same ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vesper.common.config import RunConfig
+from vesper.party_a.extractors.registry import installed, lookup, with_run_defaults
+
+
+def test_defaults_fill_only_what_the_run_did_not_set() -> None:
+    bare = RunConfig.model_validate({"dataset": "cora", "extractor": {"name": "gap"}})
+    config, applied = with_run_defaults(bare)
+    assert applied == {"extractor.layers": 1, "epochs": 20}
+    assert config.epochs == 20 and config.extractor.layers == 1 and config.extractor.name == "gap"
+    # a flag or TOML key wins, even one equal to RunConfig's own default
+    explicit = RunConfig.model_validate({"dataset": "cora", "epochs": 50, "extractor": {"name": "gap", "layers": 3}})
+    config, applied = with_run_defaults(explicit)
+    assert applied == {} and config.epochs == 50 and config.extractor.layers == 3
+    half = RunConfig.model_validate({"dataset": "cora", "extractor": {"name": "gap", "layers": 2}})
+    config, applied = with_run_defaults(half)
+    assert applied == {"epochs": 20} and config.extractor.layers == 2
+    # and what a default does not name keeps RunConfig's default
+    assert config.batch_size == RunConfig().batch_size
+
+
+def test_an_extractor_without_defaults_leaves_the_run_as_it_is() -> None:
+    config = RunConfig.model_validate({"dataset": "cora", "extractor": {"name": "pmp-gcn"}})
+    assert with_run_defaults(config) == (config, {})
+
+
+def test_every_declared_default_is_a_valid_setting_and_the_benchmarks_use_them() -> None:
+    from vesper.benchmarks.extractor_table import RECIPES, run_config
+
+    for found in installed():
+        assert found.extractor is not None, found.error
+        spec = found.extractor.spec
+        config, applied = with_run_defaults(RunConfig.model_validate({"extractor": {"name": spec.name}}))
+        assert applied == spec.run_defaults  # each key names a real setting and validates
+        assert RECIPES[spec.name] == spec.run_defaults
+        cell = run_config(RunConfig(), "cora", spec.name, seed=0)
+        for dotted, value in spec.run_defaults.items():
+            section, _, key = dotted.rpartition(".")
+            assert getattr(getattr(cell, section) if section else cell, key) == value
+
+
+@pytest.mark.e2e
+def test_party_a_trains_gap_with_its_defaults_and_says_so(tmp_path: Path) -> None:
+    from vesper.coordinator.in_process import InProcessCluster
+
+    events = []
+    run = RunConfig.model_validate({"dataset": "cora", "extractor": {"name": "gap"}, "privacy": {"epsilon": 4.0}})
+    with InProcessCluster(tmp_path) as cluster:
+        summary = cluster.drive(run, events.append)
+    assert summary.status == "completed", summary.message
+    said = [e.message for e in events if "own defaults" in e.message]
+    assert said == ["gap's own defaults for what the run did not set: extractor.layers=1, epochs=20"]
+    # the main pass (label ""; GAP's edge-free encoder stage is labelled and has its own epochs)
+    main = {e.epochs for e in events if e.phase == "train" and e.epochs and not e.message}
+    assert main == {lookup("gap").spec.run_defaults["epochs"]}
