@@ -210,16 +210,24 @@ def sample_neighbours(
     """
     start = order.indptr.index_select(0, nodes)
     degree = order.indptr.index_select(0, nodes + 1) - start
-    count = degree.clamp(max=fanout) if fanout else degree  # fanout 0: every neighbour
     first = torch.searchsorted(order.row_keys, (nodes << 32) | window_starts(seed, nodes))
-    offset = first - start  # the first key at or after a(v); ``degree`` when a(v) is past them all
-    slot = _slot_dtype_of(order)
-    segment, step = _segment_ranges(torch.zeros_like(count, dtype=slot), count.to(slot))
-    segment = segment.to(torch.int64)
-    position = start.index_select(0, segment) + torch.remainder(
-        offset.index_select(0, segment) + step, degree.index_select(0, segment)
-    )
-    return segment, order.neighbours.index_select(0, position)
+    if not fanout:  # every neighbour, from a(v) around
+        slot = _slot_dtype_of(order)
+        segment, step = _segment_ranges(torch.zeros_like(degree, dtype=slot), degree.to(slot))
+        segment = segment.to(torch.int64)
+        position = start.index_select(0, segment) + torch.remainder(
+            (first - start).index_select(0, segment) + step, degree.index_select(0, segment)
+        )
+        return segment, order.neighbours.index_select(0, position)
+    # node i's j-th message, for j < min(D, degree): the slot j after ``first`` (the first key at or
+    # after a(v); v's end when a(v) is past them all), wrapped once around v's list: a grid of D per node
+    steps = torch.arange(fanout, device=nodes.device)
+    position = first.unsqueeze(1) + steps
+    end = (start + degree).unsqueeze(1)
+    position -= degree.unsqueeze(1) * (position >= end)
+    taken = (steps < degree.unsqueeze(1)).view(-1).nonzero().squeeze(1)
+    segment = torch.div(taken, fanout, rounding_mode="floor")
+    return segment, order.neighbours.index_select(0, position.view(-1).index_select(0, taken))
 
 
 def every_neighbour(graph: Graph, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

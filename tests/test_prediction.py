@@ -94,6 +94,9 @@ def test_a_charged_pass_is_in_the_ledger_and_one_beyond_the_reservation_is_refus
     assert after.prediction_passes == 1 and before.epsilon_spent < after.epsilon_spent <= summary.epsilon_budget + 1e-9
     predicted = [r for r in ledger(cluster.status_url, summary.run_id)["rows"] if r["kind"] == "predict"]
     assert len(predicted) == 4 and {r["pass_id"] for r in predicted} == {"predict-0"}
+    # a finished run keeps no release bytes for a resume, and a prediction pass (never resumed) adds none
+    run_dir = tmp / "cluster" / "party_a" / "runs" / summary.run_id
+    assert (run_dir / "releases.jsonl").exists() and not (run_dir / "sent").exists()
     with pytest.raises(RunClientError, match="reserved 1 prediction pass in its budget and 1 was made"):
         prediction_pass(cluster.party_a_address, summary.run_id, QUIET)
     assert run_status(cluster.status_url, summary.run_id).charges == after.charges  # nothing charged

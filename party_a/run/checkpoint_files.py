@@ -293,8 +293,10 @@ class RunFiles:
             )
         return _load(path)
 
-    def journal(self) -> ReleaseJournal:
-        return ReleaseJournal(self.run_dir / JOURNAL_FILE, self.run_dir / SENT_DIR)
+    def journal(self, keep_sent: bool = True) -> ReleaseJournal:
+        """The run's release journal; ``keep_sent``: also keep the bytes a resume sends again
+        (a prediction pass is never resumed, so it keeps only the digests)."""
+        return ReleaseJournal(self.run_dir / JOURNAL_FILE, self.run_dir / SENT_DIR if keep_sent else None)
 
     def checkpoint_steps(self) -> list[int]:
         steps = []

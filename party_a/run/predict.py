@@ -151,7 +151,8 @@ class PredictionPass:
         self.accountant.hold(uuid.uuid4().hex, self.settings.lease_s)
         keeper = LeaseKeeper(self.accountant, self.run_id, self.settings.lease_s).start()
         charger = WriteAheadCharger(
-            self.accountant, self.run_id, RunFiles(self.run_dir).journal(), self.config, self.data.features.device,
+            self.accountant, self.run_id, RunFiles(self.run_dir).journal(keep_sent=False), self.config,
+            self.data.features.device,
             self.report, self.counters,
         )
         try:
