@@ -69,6 +69,14 @@ class _Call:
         name = code.name if isinstance(code, grpc.StatusCode) else str(code)
         self.metrics.grpc_handled.labels(self.service, self.name, name).inc()
 
+    def started(self, request: Any, streaming_request: bool) -> Any:
+        """A call begins: no run named yet; a unary request names its run now, a stream's each message."""
+        name_run(None)
+        if streaming_request:
+            return self.requests(request)
+        _name_run(request)
+        return request
+
     def requests(self, iterator: Iterator[Any]) -> Iterator[Any]:
         for message in iterator:
             _name_run(message)
@@ -76,11 +84,7 @@ class _Call:
 
     def unary_response(self, behavior: Callable, streaming_request: bool) -> Callable:
         def handle(request: Any, context: grpc.ServicerContext) -> Any:
-            name_run(None)
-            if streaming_request:
-                request = self.requests(request)
-            else:
-                _name_run(request)
+            request = self.started(request, streaming_request)
             try:
                 response = behavior(request, context)
             except BaseException:
@@ -95,11 +99,7 @@ class _Call:
 
     def stream_response(self, behavior: Callable, streaming_request: bool) -> Callable:
         def handle(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-            name_run(None)
-            if streaming_request:
-                request = self.requests(request)
-            else:
-                _name_run(request)
+            request = self.started(request, streaming_request)
             try:
                 yield from behavior(request, context)
             except GeneratorExit:  # the client went away: gRPC closes the stream as CANCELLED
