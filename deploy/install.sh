@@ -9,7 +9,7 @@
 #                    shared layer); vesper: install the package into the VENV the torch step
 #                    made; all (default): both
 #   --wheels DIR     a wheel directory (e.g. `make wheelhouse-images`): torch comes from it when
-#                    it holds a torch wheel, and the rest is installed with --no-index from it
+#                    it holds a torch wheel, and everything is installed with --no-index from it
 #                    alone, unless PIP_INDEX_URL is set (then that index fills what DIR lacks).
 #                    A directory without wheels is ignored (the images' default, deploy/wheels)
 #   VENV             where the environment goes (the images use /opt/vesper)
@@ -87,7 +87,12 @@ pip="$venv/bin/python -m pip --no-cache-dir --disable-pip-version-check"
 if [ "$step" != vesper ]; then
     "$python" -m venv "$venv"
     if [ -n "$wheels" ] && ls "$wheels"/torch-*.whl >/dev/null 2>&1; then
-        $pip install --no-index --find-links "$wheels" "$torch_spec"
+        # torch's own dependencies from the directory too, or from the mirror when one is given
+        if [ -n "${PIP_INDEX_URL:-}" ]; then
+            $pip install --find-links "$wheels" "$torch_spec"
+        else
+            $pip install --no-index --find-links "$wheels" "$torch_spec"
+        fi
     elif [ -n "$torch_index" ]; then
         $pip install --index-url "$torch_index" "$torch_spec"
     else
