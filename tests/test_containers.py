@@ -103,7 +103,9 @@ def images(request: pytest.FixtureRequest) -> dict[str, float]:
         pytest.skip(f"podman cannot run a container here: {probe.stderr.strip()[-600:]}")
 
     started = time.monotonic()
-    if not list((ROOT / WHEELS).glob("torch-*.whl")):
+    wheels_dir = ROOT / WHEELS
+    stale = wheels_dir.is_dir() and wheels_dir.stat().st_mtime < (ROOT / "pyproject.toml").stat().st_mtime
+    if stale or not list(wheels_dir.glob("torch-*.whl")):  # made again when the dependencies may have changed
         wheels = subprocess.run(["make", "-C", str(ROOT), "wheelhouse-images"], capture_output=True, text=True,
                                 timeout=1200)
         assert wheels.returncode == 0, wheels.stdout[-2000:] + wheels.stderr[-3000:]
