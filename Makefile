@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench-peer bench-accounting bench-extractors bench-extractors-sweep bench-label-privacy bench-soak bench-perf results results-quick proto check-proto clean wheelhouse gpu-check gpu-check-dry-run
+.PHONY: demo test test-slow test-containers bench-peer images wheelhouse-images bench-accounting bench-extractors bench-extractors-sweep bench-label-privacy bench-soak bench-perf results results-quick proto check-proto clean wheelhouse gpu-check gpu-check-dry-run
 TOLOKERS ?= ../shared/data/tolokers.npz
 
 $(STAMP): pyproject.toml
@@ -27,6 +27,27 @@ test: $(STAMP)
 # fresh virtual environment, two hosts in network namespaces); .ci/run runs them too
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
+
+# the three images built with podman from a local base (deploy/base-image.sh: debootstrap from
+# the OS package mirror, cached) and from a wheel directory (wheelhouse-images), then run as
+# containers on a private network with mutual TLS: a short run from the host, party B's
+# container killed mid-run and started again, the run resumed, the ledger verified
+# (tests/test_containers.py; skipped, saying why, without a podman that can run containers;
+# about 5-10 minutes the first time, most of it the images). .ci/run runs it where podman is.
+test-containers: $(STAMP)
+	$(BIN)/python -m pytest -q -m containers tests/test_containers.py
+
+# vesper-accountant, vesper-party-b, vesper-party-a:0.1.0 (podman, else docker). The build
+# arguments come from the environment: BASE_IMAGE, WHEELS, PIP_INDEX_URL, TORCH_INDEX_URL,
+# PIP_CA (deploy/build-images.sh; docs/deployment.md, "Building without a registry"). E.g.
+#   make wheelhouse-images && make images WHEELS=.wheelhouse/images/cp311
+images:
+	deploy/build-images.sh
+
+# a wheel directory the images install from with no index: vesper's dependencies, the pinned
+# CPU torch and the build requirements, for the images' python 3.11 (.wheelhouse/images/cp311)
+wheelhouse-images: $(STAMP)
+	EXCLUDE= WITH_TORCH="torch==$(TORCH_VERSION)" deploy/wheelhouse.sh 3.11 .wheelhouse/images
 
 # a benchmark command, not a timed test: calibration time and peak memory per accountant
 bench-accounting: $(STAMP)

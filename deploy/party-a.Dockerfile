@@ -1,41 +1,80 @@
 # syntax=docker/dockerfile:1
 # Party A, the graph holder (e.g. a payment platform): graph, features, encoder, extractor.
-# One image for GPU and CPU hosts: torch's CUDA build runs on CPU when no GPU is given
-# (set party_a.device = "cuda" and start the container with GPUs to use one).
 # Build context: the repository root (docker compose build party-a, or
-#   docker build -f deploy/party-a.Dockerfile -t vesper-party-a .).
+#   podman build -f deploy/party-a.Dockerfile -t vesper-party-a:0.1.0 .).
 #
-# The base only adds what the NVIDIA container toolkit needs to hand the host's driver in;
-# the CUDA 13.0 runtime libraries come with torch's wheel. Needs a host driver for CUDA 13.
-FROM nvidia/cuda:13.0.0-base-ubuntu22.04
+# CPU by default: the same torch CPU wheel as the other two images. On a GPU host, build the
+# CUDA build of the same torch with TORCH_INDEX_URL (docs/deployment.md, "GPU hosts"):
+#   --build-arg TORCH_INDEX_URL=                 PyPI's torch==2.13.0 Linux wheel: CUDA 13.0
+#                                                (needs a driver for CUDA 13, R580 or newer)
+#   --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126   an older driver's CUDA
+# or a wheel directory holding that build (WHEELS). No CUDA base image is needed: the CUDA
+# runtime libraries come as wheels with torch, and the NVIDIA container toolkit hands the
+# host's driver in (NVIDIA_DRIVER_CAPABILITIES below) when the container is given GPUs
+# (deploy/compose.gpu.yml). Then set party_a.device = "cuda" in deploy/platform.toml.
+# Build arguments (docs/deployment.md, "Building without a registry"):
+#   BASE_IMAGE       any Debian or Ubuntu image with python3.11 and its venv module; default
+#                    python:3.11-slim-bookworm from a registry; deploy/base-image.sh makes one
+#                    from the OS package mirror alone (localhost/vesper-base:bookworm)
+#   TORCH_SPEC       the pinned torch (default torch==2.13.0)
+#   TORCH_INDEX_URL  where that torch build comes from (default the CPU build's index)
+#   PIP_INDEX_URL    a package mirror for everything else (default: pip's, PyPI)
+#   WHEELS           a wheel directory inside the build context; torch and everything else are
+#                    taken from it, with no index unless PIP_INDEX_URL is given (default
+#                    deploy/wheels, which holds none; `make wheelhouse-images` makes a full one)
+#   secret pip-ca    a CA bundle for the index's TLS (a proxy's or a mirror's own CA):
+#                    --secret id=pip-ca,src=/etc/ssl/certs/ca-certificates.crt
+# deploy/build-images.sh builds the three images with these.
+ARG BASE_IMAGE=python:3.11-slim-bookworm
 
-# empty: pip's index, whose torch==2.13.0 Linux wheel is the CUDA 13.0 build; for an older
-# driver, e.g. --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126
-ARG TORCH_INDEX_URL=""
+# -- the install stage: the same text in the three Dockerfiles, so the three builds share its
+#    layers (torch once, vesper once); only /opt/vesper leaves it
+FROM ${BASE_IMAGE} AS install
+ARG TORCH_SPEC=torch==2.13.0
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG PIP_INDEX_URL=""
+ARG WHEELS=deploy/wheels
+COPY deploy/install.sh /build/install.sh
+COPY ${WHEELS} /build/wheels
+# torch first, in its own layer: it changes only with the build arguments, not with the source
+RUN --mount=type=secret,id=pip-ca \
+    sh /build/install.sh --step torch --wheels /build/wheels /opt/vesper "$TORCH_SPEC" "$TORCH_INDEX_URL"
+# the package's sources alone, named one by one (tests/test_deploy.py checks the list against
+# pyproject.toml): a wheel directory or anything else in the build context stays out
+COPY pyproject.toml README.md /build/src/
+COPY deploy/install.sh /build/src/deploy/
+COPY proto /build/src/proto
+COPY common /build/src/common
+COPY party_a /build/src/party_a
+COPY party_b /build/src/party_b
+COPY accountant /build/src/accountant
+COPY coordinator /build/src/coordinator
+COPY benchmarks /build/src/benchmarks
+COPY auditor /build/src/auditor
+RUN --mount=type=secret,id=pip-ca \
+    sh /build/src/deploy/install.sh --step vesper --wheels /build/wheels /opt/vesper "$TORCH_SPEC"
 
+# -- the image: the base, the unprivileged user and /opt/vesper (these layers shared as well)
+FROM ${BASE_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    DEBIAN_FRONTEND=noninteractive \
     HOME=/var/lib/vesper \
     PATH=/opt/vesper/bin:$PATH
-
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3.11 python3.11-venv ca-certificates \
-    && rm -rf /var/lib/apt/lists/*
-
-# the shared install step (tests/test_deploy.py runs the same script); the source is only
-# mounted for the build, so it is not left in the image
-RUN --mount=type=bind,target=/src,rw \
-    sh /src/deploy/install.sh /opt/vesper "torch==2.13.0" "$TORCH_INDEX_URL"
-
 # a fixed unprivileged uid, so files on the host (keys, tokens, data) can be given to it
 RUN groupadd --gid 10001 vesper \
-    && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /var/lib/vesper --shell /usr/sbin/nologin vesper \
-    && install -d -o 10001 -g 10001 -m 0700 /var/lib/vesper /var/lib/vesper/party_a \
+    && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /var/lib/vesper --shell /usr/sbin/nologin vesper
+COPY --from=install /opt/vesper /opt/vesper
+
+# what the NVIDIA container toolkit mounts from the host's driver when GPUs are given (compute:
+# libcuda; utility: nvidia-smi); without GPUs it is unused and the image runs on CPU
+ENV NVIDIA_DRIVER_CAPABILITIES=compute,utility
+# this image's own: its state directory (run summaries, checkpoints: a volume) and config paths
+RUN install -d -o 10001 -g 10001 -m 0700 /var/lib/vesper /var/lib/vesper/party_a \
     && install -d -m 0755 /etc/vesper /etc/vesper/tls /data/vesper
 
 USER 10001:10001
 WORKDIR /var/lib/vesper
+VOLUME ["/var/lib/vesper/party_a"]
 EXPOSE 50051
 HEALTHCHECK --interval=15s --timeout=10s --start-period=90s --retries=3 \
     CMD ["vesper", "health", "--config", "/etc/vesper/platform.toml", "party-a"]

@@ -9,9 +9,14 @@
 #   EXCLUDE         space-separated distributions the target already has and that are too
 #                   large to carry; default: numpy, scipy, pyarrow and matplotlib with its
 #                   dependencies, which the GPU machines' image holds (/work/.library/device)
+#   WITH_TORCH      a pinned torch (torch==2.13.0) to add, with its own dependencies, and the
+#                   package's build requirements (setuptools): a wheel directory an image can be
+#                   built from with no index at all (make wheelhouse-images; docs/deployment.md).
+#                   TORCH_INDEX_URL: where that torch build is found besides pip's configuration
 #
 # The versions are this checkout's virtual environment's (pip freeze), so the target runs
-# what `make test` tested. torch is never included: the target brings its own (CUDA) build.
+# what `make test` tested. Without WITH_TORCH torch is not included: the target brings its own
+# (CUDA) build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version="${1:-3.12}"
@@ -32,6 +37,17 @@ deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
 print("\n".join(d for d in deps if not d.replace(" ", "").startswith("torch")))
 PY
 )
+with_torch="${WITH_TORCH:-}"
+if [ -n "$with_torch" ]; then
+  case "$with_torch" in
+    torch==*) ;;
+    *) echo "wheelhouse: WITH_TORCH must pin torch exactly (torch==X.Y.Z), got '$with_torch'" >&2; exit 2 ;;
+  esac
+  # torch and what it needs, and what building vesper from source needs (pyproject's build-system)
+  requirements="$requirements
+$with_torch
+$("$python" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))')"
+fi
 platforms=()
 for p in manylinux_2_34_x86_64 manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 \
          manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_5_x86_64 manylinux1_x86_64 any; do
@@ -40,7 +56,8 @@ done
 echo "wheelhouse: downloading for Python $version into $dir"
 # shellcheck disable=SC2086
 "$python" -m pip download -q --only-binary=:all: --python-version "$version" --implementation cp \
-  --abi "$tag" --abi abi3 --abi none "${platforms[@]}" -c "$constraints" -d "$dir" $requirements 2> >(grep -v "is ignored: it is neither" >&2)
+  --abi "$tag" --abi abi3 --abi none "${platforms[@]}" -c "$constraints" -d "$dir" \
+  ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} $requirements 2> >(grep -v "is ignored: it is neither" >&2)
 for name in $exclude; do
   rm -f "$dir/${name//-/_}"-[0-9]*.whl
 done

@@ -1,10 +1,11 @@
 """The container deployment (docs/deployment.md): docker-compose.yml, deploy/*.Dockerfile,
 deploy/*.toml and `vesper health`.
 
-No docker engine runs here, so the images are never built: the compose file and the
-Dockerfiles are checked for structure and for agreement with the configs they mount, and
-(marker slow) the one install script every Dockerfile RUNs is run in a fresh virtual
-environment, whose `vesper` then serves and answers its health check.
+Here the compose file and the Dockerfiles are checked for structure and for agreement with
+the configs they mount, and (marker slow) the one install script every Dockerfile RUNs is run
+in a fresh virtual environment, whose `vesper` then serves and answers its health check. The
+images themselves are built and run with podman by tests/test_containers.py
+(make test-containers).
 """
 
 from __future__ import annotations
@@ -291,14 +292,45 @@ def instruction(path: Path, name: str) -> list[str]:
     return [args for instr, args in dockerfile_instructions(path) if instr == name]
 
 
-def install_command(path: Path) -> list[str]:
-    """The arguments of the shared install step a Dockerfile RUNs (after the script's path)."""
+def build_args(path: Path) -> dict[str, str]:
+    """The Dockerfile's ARGs and their defaults."""
+    found = {}
+    for args in instruction(path, "ARG"):
+        name, _, default = args.partition("=")
+        found[name] = shlex.split(default)[0] if shlex.split(default) else ""
+    return found
+
+
+def install_commands(path: Path) -> dict[str, list[str]]:
+    """The shared install step's arguments (after the script's path) per --step, with the build
+    arguments' defaults put in for $NAME: {"torch": [...], "vesper": [...]}."""
+    defaults = build_args(path)
+    steps = {}
     for args in instruction(path, "RUN"):
         words = shlex.split(args)
         for i, word in enumerate(words):
-            if word.endswith("deploy/install.sh"):
-                return words[i + 1 :]
-    raise AssertionError(f"{path.name} does not RUN deploy/install.sh")
+            if word.endswith("install.sh"):
+                rest = [defaults.get(w[1:], w) if w.startswith("$") else w for w in words[i + 1 :]]
+                assert rest[:1] == ["--step"], f"{path.name}: install.sh without --step: {rest}"
+                steps[rest[1]] = rest[2:]
+    assert set(steps) == {"torch", "vesper"}, f"{path.name} RUNs install.sh steps {sorted(steps)}"
+    return steps
+
+
+def install_command(path: Path) -> list[str]:
+    """The torch step's VENV TORCH_SPEC [TORCH_INDEX_URL], defaults put in (--wheels left out)."""
+    words = install_commands(path)["torch"]
+    while words and words[0].startswith("--"):
+        words = words[2:]
+    return words
+
+
+def install_stage(path: Path) -> str:
+    """The Dockerfile's text from its first ARG to the end of the install stage's last RUN."""
+    text = path.read_text()
+    start = text.index("\nARG BASE_IMAGE")
+    end = text.index("COPY --from=install /opt/vesper /opt/vesper")
+    return text[start:end]
 
 
 @pytest.mark.parametrize("service", list(SERVICES))
@@ -311,8 +343,10 @@ def test_dockerfile_is_minimal_non_root_and_runs_the_shared_install(service: str
 
     venv, torch_spec, *index = install_command(path)
     assert venv == "/opt/vesper" and torch_spec == TORCH_SPEC, f"{path.name}: install.sh {venv} {torch_spec}"
-    if service != "party-a":  # A takes the CUDA build from pip's index (build arg TORCH_INDEX_URL)
-        assert index == ["https://download.pytorch.org/whl/cpu"], f"{path.name}: {index}"
+    # every image, party A's too, takes the CPU build by default (A's CUDA build: a build argument)
+    assert index == ["https://download.pytorch.org/whl/cpu"], f"{path.name}: {index}"
+    vesper_step = install_commands(path)["vesper"]
+    assert vesper_step[-2:] == ["/opt/vesper", TORCH_SPEC], f"{path.name}: install.sh --step vesper {vesper_step}"
     assert "PATH=/opt/vesper/bin" in " ".join(instruction(path, "ENV"))
 
     config = str(config_mount(service).target)
@@ -325,13 +359,71 @@ def test_dockerfile_is_minimal_non_root_and_runs_the_shared_install(service: str
     assert exposed == listen_ports(service)
 
 
-def test_party_a_image_is_cuda_capable_and_the_others_slim_python() -> None:
-    (base_a,) = instruction(DEPLOY / "party-a.Dockerfile", "FROM")
-    assert base_a.startswith("nvidia/cuda:")
-    assert any("python3.11" in run for run in instruction(DEPLOY / "party-a.Dockerfile", "RUN"))
-    for name in ("party-b", "accountant"):
-        (base,) = instruction(DEPLOY / f"{name}.Dockerfile", "FROM")
-        assert base.startswith("python:3.11-slim"), f"{name}: FROM {base}"
+def test_images_build_from_a_base_given_as_build_argument_and_share_their_install_stage() -> None:
+    stages = {}
+    for name in SERVICES:
+        path = DEPLOY / f"{name}.Dockerfile"
+        assert instruction(path, "FROM") == ["${BASE_IMAGE} AS install", "${BASE_IMAGE}"], f"{name}: two stages"
+        args = build_args(path)
+        assert args["BASE_IMAGE"] == "python:3.11-slim-bookworm", f"{name}: default base {args['BASE_IMAGE']}"
+        assert {"TORCH_SPEC", "TORCH_INDEX_URL", "PIP_INDEX_URL", "WHEELS"} <= set(args), f"{name}: {sorted(args)}"
+        assert (ROOT / args["WHEELS"]).is_dir(), f"{name}: the default wheel directory {args['WHEELS']} is missing"
+        assert all("--mount=type=secret,id=pip-ca" in run for run in instruction(path, "RUN") if "install.sh" in run)
+        stages[name] = install_stage(path)
+    # the same text, so a build of the three shares the torch and vesper layers (and the cache
+    # key of a bind mount is not trusted: the source comes in by COPY, whose content is hashed)
+    assert len(set(stages.values())) == 1, "the install stages of the three Dockerfiles differ"
+    assert "--mount=type=bind" not in stages["accountant"]
+
+
+def test_the_install_stage_copies_every_source_folder_of_the_package() -> None:
+    import tomllib
+
+    folders = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values())
+    copied = {}
+    for args in instruction(DEPLOY / "accountant.Dockerfile", "COPY"):
+        *sources, target = args.split()
+        if target.startswith("/build/src"):
+            for source in sources:
+                copied[source] = target
+    assert {f for f in copied if f in folders} == folders, f"not copied: {sorted(folders - set(copied))}"
+    for folder in folders:
+        assert copied[folder] == f"/build/src/{folder}", f"COPY {folder} {copied[folder]}"
+    assert {"pyproject.toml", "README.md", "deploy/install.sh"} <= set(copied)
+
+
+def test_party_a_image_takes_the_cuda_build_as_a_documented_build_argument() -> None:
+    path = DEPLOY / "party-a.Dockerfile"
+    text = path.read_text()
+    assert "--build-arg TORCH_INDEX_URL=" in text and "cu126" in text, "party A's Dockerfile documents the CUDA build"
+    assert "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in " ".join(instruction(path, "ENV"))
+    # docker-compose.yml carries party A's GPU reservation commented out: uncommented, it is the
+    # reservation of deploy/compose.gpu.yml
+    lines = (ROOT / "docker-compose.yml").read_text().splitlines()
+    start = lines.index("    # deploy:")
+    block = []
+    for line in lines[start:]:
+        if not line.startswith("    # "):
+            break
+        block.append(line.replace("# ", "", 1))
+    commented = yaml.safe_load("\n".join(block))
+    override = yaml.safe_load((DEPLOY / "compose.gpu.yml").read_text())
+    assert commented == {"deploy": override["services"]["party-a"]["deploy"]}, commented
+    assert "deploy" not in COMPOSE["services"]["party-a"], "the GPU reservation is off by default"
+
+
+def test_install_script_refuses_a_vesper_step_without_its_torch_step_and_an_unknown_step(tmp_path: Path) -> None:
+    script = str(DEPLOY / "install.sh")
+    result = subprocess.run(["sh", script, "--step", "vesper", str(tmp_path / "venv"), TORCH_SPEC],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "run --step torch first" in result.stderr
+    result = subprocess.run(["sh", script, "--step", "wheel", str(tmp_path / "venv"), TORCH_SPEC],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "--step must be torch, vesper or all" in result.stderr
+    result = subprocess.run(["sh", script, "--wheels", str(tmp_path / "none"), str(tmp_path / "venv"), TORCH_SPEC],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "is not a directory" in result.stderr
+    assert not (tmp_path / "venv").exists()
 
 
 def test_dockerignore_keeps_secrets_and_state_out_of_the_build_context() -> None:
@@ -518,7 +610,7 @@ def test_install_script_in_a_fresh_venv_serves_and_answers_health(tmp_path: Path
         target = source / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / relative, target)
-    venv_arg, torch_spec, *_index = install_command(DEPLOY / "party-b.Dockerfile")
+    _venv, torch_spec, *_index = install_command(DEPLOY / "party-b.Dockerfile")
     assert torch_spec == TORCH_SPEC
     venv = tmp_path / "venv"
     env = dict(os.environ)
