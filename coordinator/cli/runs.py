@@ -37,6 +37,7 @@ from vesper.coordinator.cli.shared import (
     LabelPrivacy,
     LabelPrivacyOpt,
     LayersOpt,
+    LogFormatOpt,
     LrOpt,
     MembershipAuditOpt,
     NoiseOpt,
@@ -47,6 +48,7 @@ from vesper.coordinator.cli.shared import (
     SeedOpt,
     WireDType,
     WireOpt,
+    check_log_format,
     console,
     fail,
     load_settings,
@@ -165,21 +167,17 @@ def demo(
         ".csv or .parquet file.",
     ),
     all_keys: bool = typer.Option(False, "--all", help="With --predict-out: score every key, not only B's unlabelled ones."),
-    log_format: str = typer.Option(
-        "text", "--log-format", help="The services' logs in WORKDIR/logs: text, or json lines with the run id on each.",
-    ),
+    log_format: str = LogFormatOpt,
 ) -> None:
     """Start the three services on loopback, train, evaluate, report, shut down.
 
     With --party-a-data and --party-b-data: your own files (vesper data import), aligned privately
     first (vesper align); with --predict-out: the scores of the trained model too.
     """
-    from vesper.common.log_format import LOG_FORMATS
     from vesper.coordinator.processes import LocalCluster, ServiceStartError
     from vesper.coordinator.run_client import RunClientError, drive_run
 
-    if log_format not in LOG_FORMATS:
-        fail(f"--log-format must be one of {', '.join(LOG_FORMATS)}, got {log_format!r}")
+    check_log_format(log_format)
     cfg = load_settings(config)
     overrides = run_overrides(**locals())
     own = own_data(party_a_data, party_b_data)

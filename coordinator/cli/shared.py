@@ -71,6 +71,14 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def check_log_format(value: str) -> None:
+    """--log-format of the commands that start services: text or json, else exit 2 naming both."""
+    from vesper.common.log_format import LOG_FORMATS
+
+    if value not in LOG_FORMATS:
+        fail(f"--log-format must be one of {', '.join(LOG_FORMATS)}, got {value!r}")
+
+
 def load_settings(config: Path | None) -> VesperConfig:
     if config is None:
         return VesperConfig()
@@ -102,6 +110,9 @@ def run_settings(base: VesperConfig, overrides: dict[str, Any]) -> RunConfig:
 
 
 # shared run options of `train` and `demo` -------------------------------------------------------
+LogFormatOpt = typer.Option(
+    "text", "--log-format", help="The services' logs in WORKDIR/logs: text, or json lines with the run id on each.",
+)
 DatasetOpt = typer.Option(None, "--dataset", help="Bundled name (cora), a name from the parties' [datasets], or an .npz path.")
 ExtractorOpt = typer.Option(
     None, "--extractor",

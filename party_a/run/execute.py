@@ -19,7 +19,7 @@ from vesper.party_a.extractors.base import (
     overrides_root_batches,
     shuffled_batches,
 )
-from vesper.party_a.extractors.registry import lookup, validated_params, with_run_defaults
+from vesper.party_a.extractors.registry import ExtractorNotFound, lookup, validated_params, with_run_defaults
 from vesper.party_a.graph_store import Graph
 from vesper.party_a.membership_audit import same_charges
 from vesper.party_a.peers import AccountantClient, LabelPartyClient, LeaseRefused, PeerError
@@ -58,7 +58,10 @@ class GraphPartyRun:
         """``resume``: the run's resume record (party_a.run.checkpoint_files), to continue it;
         ``metrics``: the service's, where the run's steps and releases are counted."""
         if resume is None:  # a resumed run has its settings, defaults applied, in its record
-            config, applied = with_run_defaults(config)
+            try:
+                config, applied = with_run_defaults(config)
+            except ExtractorNotFound:  # the run fails in its set-up, saying so (_build_extractor)
+                applied = {}
             if applied:
                 report(ProgressEvent("setup", message=(
                     f"{config.extractor.name}'s own defaults for what the run did not set: "
