@@ -112,6 +112,21 @@ def test_kept_bytes_that_are_torn_or_lost_fall_back_to_the_bit_for_bit_check(tmp
             files.journal().before_send(key, _release(values * (1 + 3e-7)))
 
 
+def test_an_edge_free_release_keeps_no_bytes_and_a_differing_replay_of_it_is_sent_as_recomputed(tmp_path: Path) -> None:
+    """An extractor's edge-free stage (GAP's encoder) is replayed whole on resume; it reads no edge,
+    so keeping its bytes (every epoch of the stage) would buy nothing."""
+    files = RunFiles(tmp_path)
+    values = torch.linspace(-1.0, 2.0, 12)
+    files.journal().before_send("encoder-0/0", _release(values), edge_free=True)
+    assert not (tmp_path / SENT_DIR).exists()
+    recomputed = _release(values * 1.5)  # whatever it is: it reads no edge
+    assert files.journal().before_send("encoder-0/0", recomputed, edge_free=True) is recomputed
+    assert len((tmp_path / JOURNAL_FILE).read_text().splitlines()) == 1
+    # the same key released as an edge-reading release would be held to the journal
+    with pytest.raises(ReplayDiverged):
+        files.journal().before_send("encoder-0/0", recomputed)
+
+
 def test_kept_bytes_follow_the_checkpoints_and_go_when_the_run_ends(tmp_path: Path) -> None:
     files = RunFiles(tmp_path)
     journal = files.journal()

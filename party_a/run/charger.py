@@ -155,12 +155,13 @@ class WriteAheadCharger:
     def charged_release(
         self, make: Callable[[torch.Tensor], torch.Tensor], roots: torch.Tensor, release: Release,
         pass_id: str, kind: str, index: int, timer: StepTimings | None = None,
-        charged: PendingCharge | None = None,
+        charged: PendingCharge | None = None, edge_free: bool = False,
     ) -> tuple[torch.Tensor, tensor_pb2.Tensor]:
         """The only way A makes a tensor for B: the extractor's release, the charge, and the
         journal entry (or, replayed on resume, the check against it). The caller sends the
         wire message only after this returns. ``charged``: this release's charge, started
-        ahead (``charge_ahead``); it is waited for here, before anything is encoded."""
+        ahead (``charge_ahead``); it is waited for here, before anything is encoded. ``edge_free``:
+        the release reads no edge (the journal keeps no bytes of it, ReleaseJournal.before_send)."""
         timer = timer or _NO_TIMER
         key = f"{pass_id}/{index}"
         if charged is not None and charged.key != key:
@@ -177,7 +178,7 @@ class WriteAheadCharger:
         self.counters.wire_bytes(kind, message.ByteSize())
         timer.mark("encode")
         replays = len(self.journal.inexact_replays)
-        message = self.journal.before_send(key, message)  # on resume: the bytes sent before
+        message = self.journal.before_send(key, message, edge_free)  # on resume: the bytes sent before
         if len(self.journal.inexact_replays) > replays:
             self.report(ProgressEvent("train", message=(
                 f"release {key} recomputed on resume differed from the one sent in its last bits "

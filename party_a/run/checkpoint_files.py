@@ -12,7 +12,8 @@
                        of the exact bytes sent, appended (and synced) before it is sent
     sent/              the exact bytes of the releases a resume may recompute (those sent
                        since the oldest kept checkpoint, the preparation's and the
-                       evaluation's); removed once the run can no longer resume
+                       evaluation's, not an edge-free stage's); removed once the run can no
+                       longer resume
 
 A resumed run replays from its last checkpoint. Every release it recomputes that the
 ledger already holds is sent again as the bytes sent before (``sent/``): re-sending the
@@ -168,14 +169,24 @@ class ReleaseJournal:
                     if number != len(lines):
                         raise ResumeError(f"{path} line {number} is not a journal entry") from None
 
-    def before_send(self, key: str, message: tensor_pb2.Tensor) -> tensor_pb2.Tensor:
+    def before_send(self, key: str, message: tensor_pb2.Tensor, edge_free: bool = False) -> tensor_pb2.Tensor:
         """Record the release about to be sent, or check a replayed one against the record.
-        Returns what to send: the release itself, or for a replay the bytes sent before."""
+        Returns what to send: the release itself, or for a replay the bytes sent before.
+
+        ``edge_free``: a release that reads no edge (an extractor's edge-free stage, replayed
+        whole on resume): nothing to protect at edge level, so its bytes are not kept and a
+        recomputation that differs is sent as it is."""
         digest = release_digest(message)
         earlier = self.sent.get(key)
         if earlier is not None:
-            return message if digest == earlier else self._replayed(key, message, digest, earlier)
-        self._keep(key, message)
+            if digest == earlier:
+                return message
+            if edge_free:
+                log.info("edge-free release %s recomputed on resume differs from the one sent; it reads no edge: sent", key)
+                return message
+            return self._replayed(key, message, digest, earlier)
+        if not edge_free:
+            self._keep(key, message)
         with self.path.open("a") as handle:
             handle.write(json.dumps({"key": key, "sha256": digest}) + "\n")
             handle.flush()

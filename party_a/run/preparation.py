@@ -49,7 +49,7 @@ class Preparation:
             optimizer = build_optimizer(self.ctx.config.optimizer, parameters) if parameters else None
             StepLoop(self.ctx, TrainingPass(
                 session_id, self.roots, self.release, release, optimizer, stage.epochs, stage.layers,
-                f"{stage.name}", f"{stage.name} epoch",
+                f"{stage.name}", f"{stage.name} epoch", edge_free=True,
             )).run()
             status, reason = "completed", "stage completed"
         finally:

@@ -60,6 +60,7 @@ class TrainingPass:
     checkpoint: Callable[[Position], None] | None = None
     prefetch: Callable[[torch.Tensor], None] | None = None
     timings: StepTimings | None = None
+    edge_free: bool = False  # an extractor's edge-free stage: its releases read no edge
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ class StepLoop:
         save = self._saves_after(current)
         embeddings, message = ctx.charger.charged_release(
             spec.make, current.batch, spec.release, f"{spec.pass_prefix}-{current.epoch}", "train", current.index,
-            timer, self.pending,
+            timer, self.pending, spec.edge_free,
         )
         self.pending = None
         stream.send(lp_pb.TrainStep(
