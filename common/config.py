@@ -11,9 +11,9 @@ import math
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from vesper.common.privacy.names import AccountantName
 from vesper.common.versioning import Report
@@ -330,6 +330,14 @@ def _metrics_listen(value: str | None) -> str | None:
     return None if value is None else check_metrics_listen(value)
 
 
+# the settings every service section has alike: one declaration each
+MetricsListen = Annotated[str | None, AfterValidator(_metrics_listen), Field(description=METRICS_LISTEN)]
+AlignmentPadTo = Annotated[int | None, Field(
+    ge=1, le=1 << 31,
+    description="how many blinded keys this party sends in an alignment (docs/alignment.md): at least its key count; unset = the next power of two, so the other party learns the count only to within a factor of two",
+)]
+
+
 # services sharing a few cores each with torch's default (one thread per core) spin against
 # each other: an epoch on a 1M-node graph was many times slower so on 2 cores than with 1 thread
 # each (docs/performance-notes.md)
@@ -385,16 +393,8 @@ class PartyAConfig(_Model):
         "(every third of it); a resume of a run whose trainer was killed waits at most this long",
     )
     torch_threads: int | None = Field(None, ge=1, description=TORCH_THREADS)
-    alignment_pad_to: int | None = Field(
-        None, ge=1, le=1 << 31,
-        description="how many blinded keys this party sends in an alignment (docs/alignment.md): at least its key count; unset = the next power of two, so the other party learns the count only to within a factor of two",
-    )
-    metrics_listen: str | None = Field(None, description=METRICS_LISTEN)
-
-    @field_validator("metrics_listen")
-    @classmethod
-    def _metrics_listen(cls, value: str | None) -> str | None:
-        return _metrics_listen(value)
+    alignment_pad_to: AlignmentPadTo = None
+    metrics_listen: MetricsListen = None
 
 
 # a decoder has one output row per class: a bound keeps a stray label value from asking for terabytes
@@ -434,16 +434,8 @@ class PartyBConfig(_Model):
         DEFAULT_MAX_CLASSES, ge=2, le=1_000_000,
         description="the most classes B's labels may have: a label outside 0..max_classes-1 is refused when the data is loaded",
     )
-    alignment_pad_to: int | None = Field(
-        None, ge=1, le=1 << 31,
-        description="how many blinded keys this party sends in an alignment (docs/alignment.md): at least its key count; unset = the next power of two, so the other party learns the count only to within a factor of two",
-    )
-    metrics_listen: str | None = Field(None, description=METRICS_LISTEN)
-
-    @field_validator("metrics_listen")
-    @classmethod
-    def _metrics_listen(cls, value: str | None) -> str | None:
-        return _metrics_listen(value)
+    alignment_pad_to: AlignmentPadTo = None
+    metrics_listen: MetricsListen = None
 
 
 class AccountantConfig(_Model):
@@ -459,12 +451,7 @@ class AccountantConfig(_Model):
         description="party B's credential for its label ledgers (privacy unit label); created (0600) if missing",
     )
     tls: TlsConfig | None = Field(None, description="mutual TLS on gRPC, server TLS on REST; unset = plaintext (loopback only)")
-    metrics_listen: str | None = Field(None, description=METRICS_LISTEN)
-
-    @field_validator("metrics_listen")
-    @classmethod
-    def _metrics_listen(cls, value: str | None) -> str | None:
-        return _metrics_listen(value)
+    metrics_listen: MetricsListen = None
 
 
 class CoordinatorConfig(_Model):
