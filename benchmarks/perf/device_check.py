@@ -76,11 +76,6 @@ class CudaTests:
         return cls(len(cases) - len(failures) - skipped, len(failures), skipped, failures)
 
 
-def _synchronise(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def layer_ms(dataset: Path, device: str, batches: int, repeats: int) -> tuple[float, str]:
     """Median milliseconds of PMP-GCN's layers, forward + backward, on ``device``."""
     bench = layer_bench(dataset, FANOUTS, BATCH, DIM, batches, device)
@@ -99,7 +94,6 @@ def step_ms(dataset: Path, device: str, steps: int, workdir: Path) -> tuple[floa
         rate = loop.run(options.warmup_steps, max_steps=options.warmup_steps + steps)
     finally:
         loop.close()
-    _synchronise(device)
     return 1e3 / rate.steps_per_second, f"{rate.timed_steps} steps after {options.warmup_steps} warm-up"
 
 
