@@ -59,6 +59,7 @@ class TableRow(BaseModel):
     seconds: float = 0.0
     run_id: str = ""
     message: str = ""
+    head: str = ""  # with an edge-free path: the head B kept by its validation metric (graph or edge-free)
 
     @property
     def key(self) -> tuple[str, str, str, int, float, str]:
@@ -139,7 +140,7 @@ def row_of(summary: RunSummary, dataset: str, seed: int) -> TableRow:
         val=summary.val_metric.value if summary.val_metric else None,
         epsilon_spent=summary.epsilon_spent, privacy_unit=summary.privacy_unit,
         noise_multiplier=summary.noise_multiplier, seconds=summary.seconds, run_id=summary.run_id,
-        message=summary.message if summary.status != "completed" else "",
+        message=summary.message if summary.status != "completed" else "", head=summary.decoder_head,
     )
 
 

@@ -64,6 +64,14 @@ class ExtractorConfig(_Model):
         default_factory=dict,
         description="the extractor's own hyper-parameters, validated by party A against its plugin",
     )
+    edge_free_path: bool = Field(
+        True,
+        description="an edge-level extractor's releases also carry the MLP extractor's edge-free layers, "
+        "trained end to end with B, and B keeps whichever of its two heads (all layers, or the edge-free "
+        "ones alone) scores better on its validation nodes: a graph extractor then never does worse than "
+        "not reading the graph (docs/privacy.md, section 2.5). Free under edge-level DP; false = the "
+        "extractor's own layers only",
+    )
 
 
 class DecoderConfig(_Model):
@@ -547,6 +555,12 @@ class RunSummary(Report):
     epsilon_bound6: float | None = Field(None, description="hidden-batch: VESPER bound (6) with Lemma 2")
     test_metric: Metric | None = None
     val_metric: Metric | None = None
+    decoder_head: str = Field(
+        "", description="with an edge-free path: the head B kept by its validation metric, graph or edge-free",
+    )
+    head_metrics: dict[str, Metric] = Field(
+        default_factory=dict, description="with an edge-free path: each head's metrics, keyed '<split>@<head>'",
+    )
     steps: int = 0
     seconds: float = 0.0
     noise_multiplier: float | None = None

@@ -35,7 +35,55 @@ class GruDecoder(nn.Module):
         return self.head(last[-1])
 
 
-def build_decoder(config: DecoderConfig, dim: int, layers: int, classes: int) -> nn.Module:
+HEADS = ("graph", "edge-free")  # FallbackDecoder's heads, in the order of its ``choice``
+
+
+class FallbackDecoder(nn.Module):
+    """Two heads over a release whose last ``edge_free`` slices read no edge (A's edge-free path,
+    party_a.extractors.edge_free_path): ``graph`` over every slice, ``edge-free`` over those alone.
+
+    Both are trained every step, on the sum of their losses. The edge-free head's slices reach
+    the graph head detached, so A's edge-free layers learn only from the edge-free head: together
+    they are the MLP baseline (A's ``mlp`` extractor and this decoder kind), trained as it would be.
+    After training, B keeps the head that scores better on its validation nodes (``choose``);
+    ``forward`` then returns that head's logits (the graph head's until a choice is made).
+    """
+
+    def __init__(self, config: DecoderConfig, dim: int, layers: int, edge_free: int, classes: int) -> None:
+        super().__init__()
+        if not 1 <= edge_free < layers:
+            raise ValueError(f"an edge-free path of {edge_free} of {layers} slices: it needs 1 to {layers - 1}")
+        self.edge_free_layers = edge_free
+        # the edge-free head first: under B's seed it starts as the MLP baseline's decoder would
+        self.edge_free = build_decoder(config, dim, edge_free, classes)
+        self.graph = build_decoder(config, dim, layers, classes)
+        # 0: graph, 1: edge-free (HEADS); a buffer, so a saved decoder serves with the head B chose
+        self.register_buffer("choice", torch.zeros((), dtype=torch.int64))
+
+    def heads(self, embeddings: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(graph head's logits, edge-free head's logits) of B x d x L embeddings."""
+        free = embeddings[..., -self.edge_free_layers:]
+        graph_input = torch.cat([embeddings[..., : -self.edge_free_layers], free.detach()], dim=-1)
+        return self.graph(graph_input), self.edge_free(free)
+
+    def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
+        return self.heads(embeddings)[int(self.choice)]
+
+    def choose(self, head: str) -> None:
+        self.choice.fill_(HEADS.index(head))
+
+    @property
+    def chosen(self) -> str:
+        return HEADS[int(self.choice)]
+
+
+def build_decoder(
+    config: DecoderConfig, dim: int, layers: int, classes: int, edge_free: int = 0,
+) -> nn.Module:
+    """B's decoder for B x dim x layers embeddings; ``edge_free`` > 0: a FallbackDecoder whose
+    second head reads the last ``edge_free`` slices alone."""
+    if edge_free:
+        return FallbackDecoder(config, dim, layers, edge_free, classes)
     if config.kind == "concat":
         return ConcatDecoder(dim, layers, config.hidden_dim, classes, config.dropout)
     if config.kind == "gru":

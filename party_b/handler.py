@@ -176,12 +176,13 @@ class LabelParty:
         guard = self._guard(request, settings, store)
         session = LabelSession(
             request.run_id, store, decoder, optimizer, request.embedding_dim, request.num_layers,
-            wire_dtype, request.seed, self.device, guard,
+            wire_dtype, request.seed, self.device, guard, request.edge_free_layers,
         )
         session.served = ServedRun(
             run_id=request.run_id, dataset=request.dataset, split_seed=request.split_seed,
             label_independent=settings.mode != "none", decoder=decoder, dim=request.embedding_dim,
             layers=request.num_layers, wire_dtype=wire_dtype, num_classes=store.num_classes,
+            edge_free_layers=request.edge_free_layers,
         )
         if request.record_releases:
             session.record = ReleaseRecord(store.num_nodes, request.embedding_dim, request.num_layers)
@@ -327,6 +328,7 @@ class LabelParty:
         eval_id = 0
         scores: dict[str, SplitScores] = {}
         seen: dict[str, torch.Tensor] = {}
+        received: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # audited runs: recorded once B has chosen
         for chunk in chunks:
             self._record_receipt(
                 kind="eval", run_id=chunk.run_id, eval_id=chunk.eval_id, num_nodes=len(chunk.node_ids),
@@ -339,20 +341,27 @@ class LabelParty:
             ids, embeddings = self._evaluation_chunk(session, chunk, seen)
             with session.lock:
                 logits = session.logits(embeddings)
-                if session.record is not None:
-                    session.record.add_evaluation(chunk.split, ids, embeddings, logits)
-            collected = scores.setdefault(chunk.split, SplitScores())
-            collected.node_ids.append(ids)
-            collected.logits.append(logits.cpu())
+            scores.setdefault(chunk.split, SplitScores()).add(ids, logits)
+            if session.record is not None:
+                received.append((chunk.split, ids, embeddings))
         if session is None:
             raise BadRequest("empty evaluation stream")
         try:
-            results = session.evaluate(scores)
+            evaluation = session.evaluate(scores)
         except ValueError as exc:
             raise Refused(str(exc)) from None
+        if session.record is not None:  # the logits of the model B keeps (its head is chosen now)
+            with session.lock:
+                for split, ids, embeddings in received:
+                    session.record.add_evaluation(split, ids, embeddings, session.logits(embeddings)[evaluation.head])
         return pb.EvalResult(
             run_id=session.run_id, eval_id=eval_id,
-            metrics=[pb.Metric(split=s, name=n, value=v, count=c) for s, n, v, c in results],
+            metrics=[pb.Metric(split=s, name=n, value=v, count=c) for s, n, v, c in evaluation.results],
+            decoder_head=evaluation.chosen,
+            head_metrics=[
+                pb.Metric(split=f"{s}@{head}", name=n, value=v, count=c)
+                for head, rows in evaluation.heads.items() for s, n, v, c in rows
+            ],
         )
 
     def _evaluation_chunk(

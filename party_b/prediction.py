@@ -44,6 +44,7 @@ class ServedRun(BaseModel):
     layers: int
     wire_dtype: WireDType
     num_classes: int
+    edge_free_layers: int = 0  # the last slices A's edge-free path fills (a FallbackDecoder serves its chosen head)
 
     def save(self, run_dir: Path) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -59,7 +60,9 @@ class ServedRun(BaseModel):
 
 def decoder_of(served: ServedRun, run_dir: Path, device: torch.device) -> torch.nn.Module:
     """The run's decoder, as it was when the run finished."""
-    decoder = build_decoder(served.decoder, served.dim, served.layers, served.num_classes).to(device)
+    decoder = build_decoder(
+        served.decoder, served.dim, served.layers, served.num_classes, served.edge_free_layers,
+    ).to(device)
     decoder.load_state_dict(torch.load(run_dir / "decoder.pt", map_location=device, weights_only=False)["decoder"])
     return decoder.eval()
 

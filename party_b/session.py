@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from vesper.common.config import DecoderConfig, LabelPrivacyConfig, OptimizerConfig
 from vesper.common.optim import build_optimizer
 from vesper.common.wire import WireDType, node_mask
-from vesper.party_b.decoders import build_decoder
+from vesper.party_b.decoders import HEADS, FallbackDecoder, build_decoder
 from vesper.party_b.label_data import LabelStore
 from vesper.party_b.label_guard import LabelGuard
 from vesper.party_b.metrics import compute_metric
@@ -31,8 +31,30 @@ def checkpoint_steps(directory: Path) -> list[int]:
 
 @dataclass
 class SplitScores:
+    """One split's nodes and, per chunk, each head's logits (one head: ``model``)."""
+
     node_ids: list[torch.Tensor] = field(default_factory=list)
-    logits: list[torch.Tensor] = field(default_factory=list)
+    logits: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+
+    def add(self, ids: torch.Tensor, logits: dict[str, torch.Tensor]) -> None:
+        self.node_ids.append(ids)
+        for head, values in logits.items():
+            self.logits.setdefault(head, []).append(values.cpu())
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """B's answer to an evaluation pass: (split, metric, value, count) of the model B keeps,
+    and, with an edge-free path, which head that is and every head's values."""
+
+    results: list[tuple[str, str, float, int]]
+    chosen: str = ""
+    heads: dict[str, list[tuple[str, str, float, int]]] = field(default_factory=dict)
+
+    @property
+    def head(self) -> str:
+        """The key of the kept model's logits in :meth:`LabelSession.logits`."""
+        return self.chosen or "model"
 
 
 class LabelSession:
@@ -50,6 +72,7 @@ class LabelSession:
         seed: int,
         device: torch.device,
         guard: LabelGuard | None = None,
+        edge_free_layers: int = 0,
     ) -> None:
         self.run_id = run_id
         self.store = store
@@ -59,7 +82,7 @@ class LabelSession:
         self.device = device
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            self.decoder = build_decoder(decoder, dim, layers, store.num_classes).to(device)
+            self.decoder = build_decoder(decoder, dim, layers, store.num_classes, edge_free_layers).to(device)
         self.optimizer = build_optimizer(optimizer, self.decoder.parameters())
         self.labels = store.labels.to(device)  # the truth, for metrics on held-out nodes only
         self.split_masks = {}
@@ -86,28 +109,48 @@ class LabelSession:
         self.decoder.train()
         received = embeddings.detach().to(self.device).requires_grad_(True)
         targets = self.guard.train_labels[node_ids].to(self.device)
-        loss = F.cross_entropy(self.decoder(received), targets)
+        # with an edge-free path both heads learn, each from its own loss (party_b.decoders.FallbackDecoder)
+        loss = sum(F.cross_entropy(logits, targets) for logits in self.head_logits(received).values())
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
         self.next_step += 1
         return received.grad.detach(), float(loss.detach())
 
-    @torch.no_grad()
-    def evaluate(self, scores: dict[str, SplitScores]) -> list[tuple[str, str, float, int]]:
-        """(split, metric name, value, number of nodes) for each split A sent."""
-        results = []
-        for split, collected in scores.items():
-            ids = torch.cat(collected.node_ids)
-            logits = torch.cat(collected.logits)
-            value = compute_metric(self.store.metric, logits, self.labels[ids.to(self.device)])
-            results.append((split, self.store.metric, value, int(ids.numel())))
-        return results
+    def head_logits(self, embeddings: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each head's logits: ``graph`` and ``edge-free`` with an edge-free path, else ``model``."""
+        if isinstance(self.decoder, FallbackDecoder):
+            return dict(zip(HEADS, self.decoder.heads(embeddings), strict=True))
+        return {"model": self.decoder(embeddings)}
 
     @torch.no_grad()
-    def logits(self, embeddings: torch.Tensor) -> torch.Tensor:
+    def evaluate(self, scores: dict[str, SplitScores]) -> Evaluation:
+        """(split, metric name, value, number of nodes) for each split A sent, of the model B keeps.
+
+        With an edge-free path B keeps the head with the better validation metric (the
+        edge-free one on a tie: it is the simpler model), and serves predictions with it.
+        """
+        per_head: dict[str, list[tuple[str, str, float, int]]] = {}
+        for split, collected in scores.items():
+            ids = torch.cat(collected.node_ids)
+            truth = self.labels[ids.to(self.device)]
+            for head, chunks in collected.logits.items():
+                value = compute_metric(self.store.metric, torch.cat(chunks).to(self.device), truth)
+                per_head.setdefault(head, []).append((split, self.store.metric, value, int(ids.numel())))
+        if not isinstance(self.decoder, FallbackDecoder):
+            return Evaluation(per_head.get("model", []))
+        validation = {head: {r[0]: r[2] for r in rows}.get("val") for head, rows in per_head.items()}
+        graph, free = validation.get("graph"), validation.get("edge-free")
+        # without validation nodes in the pass there is nothing to choose by: the graph head, as before
+        chosen = "edge-free" if graph is not None and free is not None and free >= graph else "graph"
+        self.decoder.choose(chosen)
+        return Evaluation(per_head[chosen], chosen, per_head)
+
+    @torch.no_grad()
+    def logits(self, embeddings: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each head's logits of received embeddings, in evaluation mode (:meth:`head_logits`)."""
         self.decoder.eval()
-        return self.decoder(embeddings.to(self.device))
+        return self.head_logits(embeddings.to(self.device))
 
     # -- checkpoints (docs/faults.md): B's half of a resumable run ----------------------------
     def save_checkpoint(self, directory: Path, keep: int = 2) -> None:

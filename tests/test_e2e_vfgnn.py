@@ -58,7 +58,9 @@ def test_one_layer_run_is_charged_once_per_pass_and_b_receives_only_charged_rele
     run, rows = record["run"], record["rows"]
     details = run["details"]
     assert details["edge_reach"] == 2 and details["sensitivity_form"] == "per-pass"
-    assert details["output_layers"] == 2 and details["released"] == "h0, noisy output"
+    # h0 and the noisy output, then the edge-free path's one MLP layer (docs/privacy.md, 2.5)
+    assert details["output_layers"] == 2 + 1 and details["edge_free_layers"] == 1
+    assert details["released"] == "h0, noisy output"
     for rule in run["rules"]:  # the declared event: one Gaussian of multiplier z per counted release
         event = json.loads(rule["release_event"])
         assert event["type"] == "GaussianDpEvent" and event["noise_multiplier"] == pytest.approx(z)
@@ -104,7 +106,8 @@ def test_two_layers_count_what_n_e_allows(
     assert summary["status"] == "completed" and 0 < summary["epsilon_spent"] <= 4
     assert summary["sensitivity"] == pytest.approx(sensitivity) and summary["participation_bound"] == bound
     record = ledger(cluster.status_url, summary["run_id"])
-    assert record["run"]["details"]["edge_reach"] == reach and record["run"]["details"]["output_layers"] == 1
+    details = record["run"]["details"]
+    assert details["edge_reach"] == reach and details["output_layers"] - details["edge_free_layers"] == 1
     assert all(rule["participation_bound"] == bound for rule in record["run"]["rules"])
     for pass_id, counted in _counted_per_pass(record["rows"]).items():
         expected = len(counted) if bound is None else min(bound, len(counted))

@@ -42,6 +42,7 @@ from vesper.common.optim import build_optimizer
 from vesper.common.privacy.ledger import PlanRule
 from vesper.common.wire import encode_tensor
 from vesper.party_a.extractors.base import Extractor, ExtractorSetup, RootPlan, Stage, shuffled_batches
+from vesper.party_a.extractors.edge_free_path import build_extractor
 from vesper.party_a.extractors.registry import validated_params
 from vesper.party_a.graph_store import Graph, build_graph
 from vesper.party_a.noise import NoiseSource
@@ -283,7 +284,7 @@ def run_world(
         device=torch.device("cpu"), sampling_generator=sampling, noise_generator=noise.generator,
         delta=config.privacy.delta, noise=noise,
     )
-    extractor = cls(setup)
+    extractor = build_extractor(cls, setup)  # as the trainer builds it: with the edge-free path
     plan = extractor.charge_plan(roots)
     observed = Observed(plan={
         "rules": [rule.model_dump(mode="json") for rule in plan.rules],

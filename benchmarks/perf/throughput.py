@@ -149,6 +149,7 @@ class OneProcess:
         from vesper.common.privacy.ledger import ChargeRule
         from vesper.common.secret_randomness import secret_base
         from vesper.party_a.extractors.base import ExtractorSetup, RootPlan
+        from vesper.party_a.extractors.edge_free_path import build_extractor, edge_free_layers
         from vesper.party_a.extractors.registry import lookup, validated_params
         from vesper.party_a.run import GraphData
         from vesper.party_b.label_data import load_labels
@@ -172,7 +173,7 @@ class OneProcess:
             device=device, sampling_generator=torch.Generator().manual_seed(base),
             noise_generator=torch.Generator(device=device).manual_seed(base ^ 0x5DEECE66D), delta=delta,
         )
-        self.extractor = cls(setup)
+        self.extractor = build_extractor(cls, setup)  # as party A builds it: with its edge-free path
         plan = self.extractor.charge_plan(self.roots)
         z = None
         if math.isfinite(cfg.privacy.epsilon) and any(r.mechanism != "no-op" for r in plan.rules):
@@ -184,7 +185,7 @@ class OneProcess:
         self.optimizer = build_optimizer(cfg.optimizer, self.extractor.trainable_parameters())
         self.session = LabelSession(
             "one-process", store, cfg.decoder, cfg.optimizer, cfg.extractor.dim, self.extractor.output_layers,
-            cfg.wire_dtype, cfg.seed, device,
+            cfg.wire_dtype, cfg.seed, device, edge_free_layers=edge_free_layers(self.extractor),
         )
         self.accountant = None
         self.store = None

@@ -22,6 +22,7 @@ from vesper.common.config import RunConfig
 from vesper.common.metrics import NO_COUNTERS, RunCounters
 from vesper.common.wire import encode_tensor
 from vesper.party_a.extractors.base import ChargePlan, Extractor, RootPlan
+from vesper.party_a.extractors.edge_free_path import edge_free_layers
 from vesper.party_a.peers import AccountantClient, LeaseRefused
 from vesper.party_a.run.checkpoint_files import ReleaseJournal, ResumeError
 from vesper.party_a.run.progress import ProgressEvent, Report
@@ -199,7 +200,8 @@ def ledger_details(
         "privacy_unit": extractor.spec.privacy_unit,
         "cost_model": extractor.spec.cost_model,
         "layers": ex.layers,
-        "output_layers": extractor.output_layers,
+        "output_layers": extractor.output_layers,  # the edge-free path's included (docs/privacy.md, 2.5)
+        "edge_free_layers": edge_free_layers(extractor),
         "fanout": ex.fanout,
         "degree_bound": ex.degree_bound,
         "d_min": ex.d_min,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,16 +23,29 @@ from vesper.proto.v1 import label_party_pb2 as lp_pb
 Parts = list[tuple[str, torch.Tensor]]
 
 
+@dataclass(frozen=True)
+class Scores:
+    """B's answer: the kept model's metric per split and, with an edge-free path, the head B
+    kept and every head's metrics (keyed ``<split>@<head>``)."""
+
+    metrics: dict[str, Metric]
+    head: str = ""
+    head_metrics: dict[str, Metric] = field(default_factory=dict)
+
+
 @torch.no_grad()
 def evaluate(
     ctx: RunContext, roots: RootPlan, release: Release, extractor: Extractor, first_index: int = 0,
     parts_of: Callable[[RootPlan, Parts], Parts] = lambda roots, parts: parts,
-) -> dict[str, Metric]:
+) -> Scores:
     """B's metrics of the trained model on its validation and test nodes. ``parts_of``: the
     audit hooks' say in what the pass releases (TFTS adds the members)."""
     parts = parts_of(roots, [("val", roots.val_ids), ("test", roots.test_ids)])
     result, _ = evaluation_pass(ctx, ctx.label_party.evaluation(), parts, release, extractor, first_index, "eval", "evaluating")
-    return {m.split: Metric(name=m.name, value=m.value) for m in result.metrics}
+    return Scores(
+        {m.split: Metric(name=m.name, value=m.value) for m in result.metrics}, result.decoder_head,
+        {m.split: Metric(name=m.name, value=m.value) for m in result.head_metrics},
+    )
 
 
 @torch.no_grad()

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from vesper.common.config import Metric, PartyAConfig, RunConfig, RunSummary
+from vesper.common.config import PartyAConfig, RunConfig, RunSummary
 from vesper.common.metrics import NO_COUNTERS, PartyAMetrics
 from vesper.common.optim import build_optimizer
 from vesper.party_a.extractors.base import (
@@ -19,6 +19,7 @@ from vesper.party_a.extractors.base import (
     overrides_root_batches,
     shuffled_batches,
 )
+from vesper.party_a.extractors.edge_free_path import build_extractor, edge_free_layers, unwrapped
 from vesper.party_a.extractors.registry import ExtractorNotFound, lookup, validated_params, with_run_defaults
 from vesper.party_a.graph_store import Graph
 from vesper.party_a.membership_audit import same_charges
@@ -29,7 +30,7 @@ from vesper.party_a.run.charger import WriteAheadCharger
 from vesper.party_a.run.checkpoint_files import RunFiles
 from vesper.party_a.run.checkpoints import RunCheckpoints
 from vesper.party_a.run.context import RunContext
-from vesper.party_a.run.evaluation import collect, evaluate
+from vesper.party_a.run.evaluation import Scores, collect, evaluate
 from vesper.party_a.run.graph_data import GraphData
 from vesper.party_a.run.label_session import root_plan, setup_request
 from vesper.party_a.run.lease import LeaseKeeper
@@ -126,10 +127,12 @@ class GraphPartyRun:
         """set-up with B and the accountant, preparation, training, evaluation [VESPER, Alg. 3]."""
         cfg, resuming = self.config, self.resume is not None
         extractor = self._build_extractor()
-        self.hooks.check(extractor)
+        self.hooks.check(unwrapped(extractor))
         self.summary = summaries.with_extractor(self.summary, extractor, self.delta)
         self._hold_run()
-        reply = self._open_session(self.run_id, extractor.output_layers, self.checkpoints.resume_step)
+        reply = self._open_session(
+            self.run_id, extractor.output_layers, self.checkpoints.resume_step, edge_free_layers(extractor),
+        )
         self.milestones.b_ready = True
         self.summary = summaries.with_labels(cfg, self.summary, reply)
         roots = root_plan(cfg, reply, self.data.shared_nodes)
@@ -166,7 +169,7 @@ class GraphPartyRun:
             features=self.data.features, device=self.ctx.device, sampling_generator=self.generators.sampling,
             noise_generator=self.generators.noise, delta=self.delta,
         )
-        return cls(setup)
+        return build_extractor(cls, setup)
 
     def _hold_run(self) -> None:
         """A run has one trainer (accountant/leases.py): its lease first, before party B hears of the run."""
@@ -185,11 +188,14 @@ class GraphPartyRun:
         self.milestones.run_created = resuming
         self.keeper = LeaseKeeper(self.accountant, self.run_id, self.settings.lease_s).start()
 
-    def _open_session(self, session_id: str, layers: int, resume_step: int = 0) -> lp_pb.SetupRunReply:
+    def _open_session(
+        self, session_id: str, layers: int, resume_step: int = 0, edge_free: int = 0,
+    ) -> lp_pb.SetupRunReply:
+        """B's session of ``layers`` slices, the last ``edge_free`` of them the edge-free path's."""
         self.report(ProgressEvent("setup", message=f"setting up {session_id} with party B"))
         return self.ctx.label_party.setup(setup_request(
             self.config, self.run_id, session_id, layers, self.delta, self.status_url, self.resume is not None,
-            resume_step,
+            resume_step, edge_free,
         ))
 
     def _extractors(self, roots: RootPlan, num_classes: int, extractor: Extractor) -> tuple[Extractor, Extractor]:
@@ -219,12 +225,12 @@ class GraphPartyRun:
         plan = with_prediction(plan, cfg, extractor.spec.no_prediction)
         # a resumed run charges as it was calibrated, not as a new calibration might say
         release = self.resume["release"] if self.resume else plan_release(
-            cfg, plan, lambda: self._calibrate(roots, plan), overrides_root_batches(extractor),
+            cfg, plan, lambda: self._calibrate(roots, plan), overrides_root_batches(unwrapped(extractor)),
         )
         extractor.bind(release.noise_multiplier)
         if evaluator is not extractor:
             evaluator.bind(release.noise_multiplier)
-        self.hooks.on_bound(extractor, evaluator)
+        self.hooks.on_bound(unwrapped(extractor), unwrapped(evaluator))
         return plan, release
 
     def _calibrate(self, roots: RootPlan, plan: ChargePlan) -> float:
@@ -275,10 +281,11 @@ class GraphPartyRun:
             self.ctx.run_dir() / "extractor.pt",
         )
 
-    def _completed(self, metrics: dict[str, Metric]) -> None:
+    def _completed(self, scores: Scores) -> None:
+        metrics = scores.metrics
         self.summary = self.summary.model_copy(update={
             "status": "completed", "test_metric": metrics.get("test"), "val_metric": metrics.get("val"),
-            "message": "completed",
+            "decoder_head": scores.head, "head_metrics": scores.head_metrics, "message": "completed",
         })
 
     def _close(self) -> None:

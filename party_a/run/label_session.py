@@ -16,9 +16,10 @@ from vesper.proto.v1 import label_party_pb2 as lp_pb
 
 def setup_request(
     config: RunConfig, run_id: str, session_id: str, layers: int, delta: float, status_url: str,
-    resume: bool, resume_step: int,
+    resume: bool, resume_step: int, edge_free_layers: int = 0,
 ) -> lp_pb.SetupRunRequest:
-    """B's session ``session_id`` of run ``run_id`` (the run itself, or one of its stages)."""
+    """B's session ``session_id`` of run ``run_id`` (the run itself, or one of its stages); the last
+    ``edge_free_layers`` of its ``layers`` slices are the edge-free path's (party_a.extractors.edge_free_path)."""
     cfg = config
     return lp_pb.SetupRunRequest(
         run_id=session_id,
@@ -37,6 +38,7 @@ def setup_request(
         membership_audit=cfg.audit.membership and session_id == run_id,
         resume=resume,
         resume_step=resume_step,
+        edge_free_layers=edge_free_layers,
     )
 
 

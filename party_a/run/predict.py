@@ -31,6 +31,7 @@ from vesper.common.config import PartyAConfig, RunConfig, RunSummary
 from vesper.common.metrics import NO_COUNTERS, RunCounters
 from vesper.common.privacy.events import event_from_json
 from vesper.party_a.extractors.base import Extractor, ExtractorSetup
+from vesper.party_a.extractors.edge_free_path import build_extractor
 from vesper.party_a.extractors.registry import lookup, validated_params
 from vesper.party_a.peers import AccountantClient, LabelPartyClient
 from vesper.party_a.run.charger import WriteAheadCharger
@@ -132,7 +133,7 @@ class PredictionPass:
         cls = lookup(self.config.extractor.name)
         device = self.data.features.device
         generators = SecretGenerators(self.settings, self.config.seed, device, label=prediction_label(self.pass_index))
-        extractor = cls(ExtractorSetup(
+        extractor = build_extractor(cls, ExtractorSetup(
             config=self.config, params=validated_params(cls.spec, self.config), graph=self.data.graph,
             features=self.data.features, device=device, sampling_generator=generators.sampling,
             noise_generator=generators.noise, delta=self.record["delta"],

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from vesper.proto.v1 import tensor_pb2 as vesper_dot_proto_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!vesper/proto/v1/label_party.proto\x12\tvesper.v1\x1a\x1cvesper/proto/v1/tensor.proto\"@\n\x0b\x44\x65\x63oderSpec\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x12\n\nhidden_dim\x18\x02 \x01(\r\x12\x0f\n\x07\x64ropout\x18\x03 \x01(\x01\"?\n\rOptimizerSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\n\n\x02lr\x18\x02 \x01(\x01\x12\x14\n\x0cweight_decay\x18\x03 \x01(\x01\"P\n\x06\x42udget\x12\x0f\n\x07\x65psilon\x18\x01 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x02 \x01(\x01\x12\x12\n\naccounting\x18\x03 \x01(\t\x12\x12\n\nstatus_url\x18\x04 \x01(\t\"\xa8\x03\n\x0fSetupRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\'\n\x07\x64\x65\x63oder\x18\x03 \x01(\x0b\x32\x16.vesper.v1.DecoderSpec\x12+\n\toptimizer\x18\x04 \x01(\x0b\x32\x18.vesper.v1.OptimizerSpec\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12!\n\x06\x62udget\x18\x06 \x01(\x0b\x32\x11.vesper.v1.Budget\x12\x15\n\rembedding_dim\x18\x07 \x01(\r\x12\x12\n\nnum_layers\x18\x08 \x01(\r\x12$\n\nwire_dtype\x18\t \x01(\x0e\x32\x10.vesper.v1.DType\x12\x12\n\nsplit_seed\x18\n \x01(\x04\x12\x1a\n\x12label_privacy_json\x18\x0b \x01(\t\x12\x14\n\x0clabel_run_id\x18\x0c \x01(\t\x12\x17\n\x0frecord_releases\x18\r \x01(\x08\x12\x18\n\x10membership_audit\x18\x0e \x01(\x08\x12\x0e\n\x06resume\x18\x0f \x01(\x08\x12\x13\n\x0bresume_step\x18\x10 \x01(\x04\"\x9c\x02\n\rSetupRunReply\x12\x11\n\ttrain_ids\x18\x01 \x03(\x03\x12\x0f\n\x07val_ids\x18\x02 \x03(\x03\x12\x10\n\x08test_ids\x18\x03 \x03(\x03\x12\x13\n\x0bnum_classes\x18\x04 \x01(\r\x12\x0e\n\x06metric\x18\x05 \x01(\t\x12\r\n\x05split\x18\x06 \x01(\t\x12\x11\n\tnum_nodes\x18\x07 \x01(\x04\x12\x17\n\x0flabel_ledger_id\x18\x08 \x01(\t\x12\x1b\n\x13label_epsilon_spent\x18\t \x01(\x01\x12\x1c\n\x14label_epsilon_budget\x18\n \x01(\x01\x12\x13\n\x0blabel_delta\x18\x0b \x01(\x01\x12\x11\n\tquery_ids\x18\x0c \x03(\x03\x12\x12\n\nlabel_note\x18\r \x01(\t\"v\n\tTrainStep\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x10\n\x08node_ids\x18\x03 \x03(\x03\x12%\n\nembeddings\x18\x04 \x01(\x0b\x32\x11.vesper.v1.Tensor\x12\x12\n\ncheckpoint\x18\x05 \x01(\x08\"a\n\x0eTrainStepReply\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12#\n\x08gradient\x18\x03 \x01(\x0b\x32\x11.vesper.v1.Tensor\x12\x0c\n\x04loss\x18\x04 \x01(\x01\"t\n\tEvalChunk\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x65val_id\x18\x02 \x01(\x04\x12\r\n\x05split\x18\x03 \x01(\t\x12\x10\n\x08node_ids\x18\x04 \x03(\x03\x12%\n\nembeddings\x18\x05 \x01(\x0b\x32\x11.vesper.v1.Tensor\"e\n\x0c\x43ollectReply\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x14\n\x0c\x61nswered_ids\x18\x02 \x03(\x03\x12\x1b\n\x13label_epsilon_spent\x18\x03 \x01(\x01\x12\x12\n\nlabel_note\x18\x04 \x01(\t\"C\n\x06Metric\x12\r\n\x05split\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\x01\x12\r\n\x05\x63ount\x18\x04 \x01(\x04\"Q\n\nEvalResult\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x65val_id\x18\x02 \x01(\x04\x12\"\n\x07metrics\x18\x03 \x03(\x0b\x32\x11.vesper.v1.Metric\"B\n\x10\x46inishRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x10\n\x0e\x46inishRunReply\"a\n\x0b\x41lignPoints\x12\x14\n\x0c\x61lignment_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\r\n\x05total\x18\x03 \x01(\x04\x12\x0c\n\x04part\x18\x04 \x01(\t\x12\x0e\n\x06points\x18\x05 \x01(\x0c\"2\n\x0c\x41lignSummary\x12\x14\n\x0c\x61lignment_id\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\"A\n\x0cPredictReply\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05nodes\x18\x02 \x01(\x04\x12\x12\n\npass_index\x18\x03 \x01(\x04\"=\n\rScoresRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06select\x18\x02 \x01(\t\x12\x0c\n\x04keys\x18\x03 \x03(\t\"N\n\nScoresPlan\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x01(\x04\x12\x11\n\tpredicted\x18\x03 \x01(\x08\x12\x0f\n\x07\x63lasses\x18\x04 \x03(\t\"T\n\tScoreRows\x12\x0f\n\x07\x63lasses\x18\x01 \x03(\t\x12\x0c\n\x04keys\x18\x02 \x03(\t\x12\x11\n\tpredicted\x18\x03 \x03(\t\x12\x15\n\rprobabilities\x18\x04 \x03(\x02\x32\x8b\x04\n\nLabelParty\x12@\n\x08SetupRun\x12\x1a.vesper.v1.SetupRunRequest\x1a\x18.vesper.v1.SetupRunReply\x12<\n\x05Train\x12\x14.vesper.v1.TrainStep\x1a\x19.vesper.v1.TrainStepReply(\x01\x30\x01\x12\x39\n\x08\x45valuate\x12\x14.vesper.v1.EvalChunk\x1a\x15.vesper.v1.EvalResult(\x01\x12:\n\x07\x43ollect\x12\x14.vesper.v1.EvalChunk\x1a\x17.vesper.v1.CollectReply(\x01\x12\x43\n\tFinishRun\x12\x1b.vesper.v1.FinishRunRequest\x1a\x19.vesper.v1.FinishRunReply\x12\x43\n\rAlignExchange\x12\x16.vesper.v1.AlignPoints\x1a\x16.vesper.v1.AlignPoints(\x01\x30\x01\x12@\n\x0b\x41lignFinish\x12\x16.vesper.v1.AlignPoints\x1a\x17.vesper.v1.AlignSummary(\x01\x12:\n\x07Predict\x12\x14.vesper.v1.EvalChunk\x1a\x17.vesper.v1.PredictReply(\x01\x32\x86\x01\n\nLabelOwner\x12<\n\tCheckKeys\x12\x18.vesper.v1.ScoresRequest\x1a\x15.vesper.v1.ScoresPlan\x12:\n\x06Scores\x12\x18.vesper.v1.ScoresRequest\x1a\x14.vesper.v1.ScoreRows0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!vesper/proto/v1/label_party.proto\x12\tvesper.v1\x1a\x1cvesper/proto/v1/tensor.proto\"@\n\x0b\x44\x65\x63oderSpec\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x12\n\nhidden_dim\x18\x02 \x01(\r\x12\x0f\n\x07\x64ropout\x18\x03 \x01(\x01\"?\n\rOptimizerSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\n\n\x02lr\x18\x02 \x01(\x01\x12\x14\n\x0cweight_decay\x18\x03 \x01(\x01\"P\n\x06\x42udget\x12\x0f\n\x07\x65psilon\x18\x01 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x02 \x01(\x01\x12\x12\n\naccounting\x18\x03 \x01(\t\x12\x12\n\nstatus_url\x18\x04 \x01(\t\"\xc2\x03\n\x0fSetupRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\'\n\x07\x64\x65\x63oder\x18\x03 \x01(\x0b\x32\x16.vesper.v1.DecoderSpec\x12+\n\toptimizer\x18\x04 \x01(\x0b\x32\x18.vesper.v1.OptimizerSpec\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12!\n\x06\x62udget\x18\x06 \x01(\x0b\x32\x11.vesper.v1.Budget\x12\x15\n\rembedding_dim\x18\x07 \x01(\r\x12\x12\n\nnum_layers\x18\x08 \x01(\r\x12$\n\nwire_dtype\x18\t \x01(\x0e\x32\x10.vesper.v1.DType\x12\x12\n\nsplit_seed\x18\n \x01(\x04\x12\x1a\n\x12label_privacy_json\x18\x0b \x01(\t\x12\x14\n\x0clabel_run_id\x18\x0c \x01(\t\x12\x17\n\x0frecord_releases\x18\r \x01(\x08\x12\x18\n\x10membership_audit\x18\x0e \x01(\x08\x12\x0e\n\x06resume\x18\x0f \x01(\x08\x12\x13\n\x0bresume_step\x18\x10 \x01(\x04\x12\x18\n\x10\x65\x64ge_free_layers\x18\x11 \x01(\r\"\x9c\x02\n\rSetupRunReply\x12\x11\n\ttrain_ids\x18\x01 \x03(\x03\x12\x0f\n\x07val_ids\x18\x02 \x03(\x03\x12\x10\n\x08test_ids\x18\x03 \x03(\x03\x12\x13\n\x0bnum_classes\x18\x04 \x01(\r\x12\x0e\n\x06metric\x18\x05 \x01(\t\x12\r\n\x05split\x18\x06 \x01(\t\x12\x11\n\tnum_nodes\x18\x07 \x01(\x04\x12\x17\n\x0flabel_ledger_id\x18\x08 \x01(\t\x12\x1b\n\x13label_epsilon_spent\x18\t \x01(\x01\x12\x1c\n\x14label_epsilon_budget\x18\n \x01(\x01\x12\x13\n\x0blabel_delta\x18\x0b \x01(\x01\x12\x11\n\tquery_ids\x18\x0c \x03(\x03\x12\x12\n\nlabel_note\x18\r \x01(\t\"v\n\tTrainStep\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x10\n\x08node_ids\x18\x03 \x03(\x03\x12%\n\nembeddings\x18\x04 \x01(\x0b\x32\x11.vesper.v1.Tensor\x12\x12\n\ncheckpoint\x18\x05 \x01(\x08\"a\n\x0eTrainStepReply\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12#\n\x08gradient\x18\x03 \x01(\x0b\x32\x11.vesper.v1.Tensor\x12\x0c\n\x04loss\x18\x04 \x01(\x01\"t\n\tEvalChunk\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x65val_id\x18\x02 \x01(\x04\x12\r\n\x05split\x18\x03 \x01(\t\x12\x10\n\x08node_ids\x18\x04 \x03(\x03\x12%\n\nembeddings\x18\x05 \x01(\x0b\x32\x11.vesper.v1.Tensor\"e\n\x0c\x43ollectReply\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x14\n\x0c\x61nswered_ids\x18\x02 \x03(\x03\x12\x1b\n\x13label_epsilon_spent\x18\x03 \x01(\x01\x12\x12\n\nlabel_note\x18\x04 \x01(\t\"C\n\x06Metric\x12\r\n\x05split\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\x01\x12\r\n\x05\x63ount\x18\x04 \x01(\x04\"\x90\x01\n\nEvalResult\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x65val_id\x18\x02 \x01(\x04\x12\"\n\x07metrics\x18\x03 \x03(\x0b\x32\x11.vesper.v1.Metric\x12\x14\n\x0c\x64\x65\x63oder_head\x18\x04 \x01(\t\x12\'\n\x0chead_metrics\x18\x05 \x03(\x0b\x32\x11.vesper.v1.Metric\"B\n\x10\x46inishRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x10\n\x0e\x46inishRunReply\"a\n\x0b\x41lignPoints\x12\x14\n\x0c\x61lignment_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\r\n\x05total\x18\x03 \x01(\x04\x12\x0c\n\x04part\x18\x04 \x01(\t\x12\x0e\n\x06points\x18\x05 \x01(\x0c\"2\n\x0c\x41lignSummary\x12\x14\n\x0c\x61lignment_id\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\"A\n\x0cPredictReply\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05nodes\x18\x02 \x01(\x04\x12\x12\n\npass_index\x18\x03 \x01(\x04\"=\n\rScoresRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06select\x18\x02 \x01(\t\x12\x0c\n\x04keys\x18\x03 \x03(\t\"N\n\nScoresPlan\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x01(\x04\x12\x11\n\tpredicted\x18\x03 \x01(\x08\x12\x0f\n\x07\x63lasses\x18\x04 \x03(\t\"T\n\tScoreRows\x12\x0f\n\x07\x63lasses\x18\x01 \x03(\t\x12\x0c\n\x04keys\x18\x02 \x03(\t\x12\x11\n\tpredicted\x18\x03 \x03(\t\x12\x15\n\rprobabilities\x18\x04 \x03(\x02\x32\x8b\x04\n\nLabelParty\x12@\n\x08SetupRun\x12\x1a.vesper.v1.SetupRunRequest\x1a\x18.vesper.v1.SetupRunReply\x12<\n\x05Train\x12\x14.vesper.v1.TrainStep\x1a\x19.vesper.v1.TrainStepReply(\x01\x30\x01\x12\x39\n\x08\x45valuate\x12\x14.vesper.v1.EvalChunk\x1a\x15.vesper.v1.EvalResult(\x01\x12:\n\x07\x43ollect\x12\x14.vesper.v1.EvalChunk\x1a\x17.vesper.v1.CollectReply(\x01\x12\x43\n\tFinishRun\x12\x1b.vesper.v1.FinishRunRequest\x1a\x19.vesper.v1.FinishRunReply\x12\x43\n\rAlignExchange\x12\x16.vesper.v1.AlignPoints\x1a\x16.vesper.v1.AlignPoints(\x01\x30\x01\x12@\n\x0b\x41lignFinish\x12\x16.vesper.v1.AlignPoints\x1a\x17.vesper.v1.AlignSummary(\x01\x12:\n\x07Predict\x12\x14.vesper.v1.EvalChunk\x1a\x17.vesper.v1.PredictReply(\x01\x32\x86\x01\n\nLabelOwner\x12<\n\tCheckKeys\x12\x18.vesper.v1.ScoresRequest\x1a\x15.vesper.v1.ScoresPlan\x12:\n\x06Scores\x12\x18.vesper.v1.ScoresRequest\x1a\x14.vesper.v1.ScoreRows0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,39 +39,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BUDGET']._serialized_start=209
   _globals['_BUDGET']._serialized_end=289
   _globals['_SETUPRUNREQUEST']._serialized_start=292
-  _globals['_SETUPRUNREQUEST']._serialized_end=716
-  _globals['_SETUPRUNREPLY']._serialized_start=719
-  _globals['_SETUPRUNREPLY']._serialized_end=1003
-  _globals['_TRAINSTEP']._serialized_start=1005
-  _globals['_TRAINSTEP']._serialized_end=1123
-  _globals['_TRAINSTEPREPLY']._serialized_start=1125
-  _globals['_TRAINSTEPREPLY']._serialized_end=1222
-  _globals['_EVALCHUNK']._serialized_start=1224
-  _globals['_EVALCHUNK']._serialized_end=1340
-  _globals['_COLLECTREPLY']._serialized_start=1342
-  _globals['_COLLECTREPLY']._serialized_end=1443
-  _globals['_METRIC']._serialized_start=1445
-  _globals['_METRIC']._serialized_end=1512
-  _globals['_EVALRESULT']._serialized_start=1514
-  _globals['_EVALRESULT']._serialized_end=1595
-  _globals['_FINISHRUNREQUEST']._serialized_start=1597
-  _globals['_FINISHRUNREQUEST']._serialized_end=1663
-  _globals['_FINISHRUNREPLY']._serialized_start=1665
-  _globals['_FINISHRUNREPLY']._serialized_end=1681
-  _globals['_ALIGNPOINTS']._serialized_start=1683
-  _globals['_ALIGNPOINTS']._serialized_end=1780
-  _globals['_ALIGNSUMMARY']._serialized_start=1782
-  _globals['_ALIGNSUMMARY']._serialized_end=1832
-  _globals['_PREDICTREPLY']._serialized_start=1834
-  _globals['_PREDICTREPLY']._serialized_end=1899
-  _globals['_SCORESREQUEST']._serialized_start=1901
-  _globals['_SCORESREQUEST']._serialized_end=1962
-  _globals['_SCORESPLAN']._serialized_start=1964
-  _globals['_SCORESPLAN']._serialized_end=2042
-  _globals['_SCOREROWS']._serialized_start=2044
-  _globals['_SCOREROWS']._serialized_end=2128
-  _globals['_LABELPARTY']._serialized_start=2131
-  _globals['_LABELPARTY']._serialized_end=2654
-  _globals['_LABELOWNER']._serialized_start=2657
-  _globals['_LABELOWNER']._serialized_end=2791
+  _globals['_SETUPRUNREQUEST']._serialized_end=742
+  _globals['_SETUPRUNREPLY']._serialized_start=745
+  _globals['_SETUPRUNREPLY']._serialized_end=1029
+  _globals['_TRAINSTEP']._serialized_start=1031
+  _globals['_TRAINSTEP']._serialized_end=1149
+  _globals['_TRAINSTEPREPLY']._serialized_start=1151
+  _globals['_TRAINSTEPREPLY']._serialized_end=1248
+  _globals['_EVALCHUNK']._serialized_start=1250
+  _globals['_EVALCHUNK']._serialized_end=1366
+  _globals['_COLLECTREPLY']._serialized_start=1368
+  _globals['_COLLECTREPLY']._serialized_end=1469
+  _globals['_METRIC']._serialized_start=1471
+  _globals['_METRIC']._serialized_end=1538
+  _globals['_EVALRESULT']._serialized_start=1541
+  _globals['_EVALRESULT']._serialized_end=1685
+  _globals['_FINISHRUNREQUEST']._serialized_start=1687
+  _globals['_FINISHRUNREQUEST']._serialized_end=1753
+  _globals['_FINISHRUNREPLY']._serialized_start=1755
+  _globals['_FINISHRUNREPLY']._serialized_end=1771
+  _globals['_ALIGNPOINTS']._serialized_start=1773
+  _globals['_ALIGNPOINTS']._serialized_end=1870
+  _globals['_ALIGNSUMMARY']._serialized_start=1872
+  _globals['_ALIGNSUMMARY']._serialized_end=1922
+  _globals['_PREDICTREPLY']._serialized_start=1924
+  _globals['_PREDICTREPLY']._serialized_end=1989
+  _globals['_SCORESREQUEST']._serialized_start=1991
+  _globals['_SCORESREQUEST']._serialized_end=2052
+  _globals['_SCORESPLAN']._serialized_start=2054
+  _globals['_SCORESPLAN']._serialized_end=2132
+  _globals['_SCOREROWS']._serialized_start=2134
+  _globals['_SCOREROWS']._serialized_end=2218
+  _globals['_LABELPARTY']._serialized_start=2221
+  _globals['_LABELPARTY']._serialized_end=2744
+  _globals['_LABELOWNER']._serialized_start=2747
+  _globals['_LABELOWNER']._serialized_end=2881
 # @@protoc_insertion_point(module_scope)

@@ -40,7 +40,7 @@ class Budget(_message.Message):
     def __init__(self, epsilon: _Optional[float] = ..., delta: _Optional[float] = ..., accounting: _Optional[str] = ..., status_url: _Optional[str] = ...) -> None: ...
 
 class SetupRunRequest(_message.Message):
-    __slots__ = ("run_id", "dataset", "decoder", "optimizer", "seed", "budget", "embedding_dim", "num_layers", "wire_dtype", "split_seed", "label_privacy_json", "label_run_id", "record_releases", "membership_audit", "resume", "resume_step")
+    __slots__ = ("run_id", "dataset", "decoder", "optimizer", "seed", "budget", "embedding_dim", "num_layers", "wire_dtype", "split_seed", "label_privacy_json", "label_run_id", "record_releases", "membership_audit", "resume", "resume_step", "edge_free_layers")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     DECODER_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,7 @@ class SetupRunRequest(_message.Message):
     MEMBERSHIP_AUDIT_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
     RESUME_STEP_FIELD_NUMBER: _ClassVar[int]
+    EDGE_FREE_LAYERS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     dataset: str
     decoder: DecoderSpec
@@ -73,7 +74,8 @@ class SetupRunRequest(_message.Message):
     membership_audit: bool
     resume: bool
     resume_step: int
-    def __init__(self, run_id: _Optional[str] = ..., dataset: _Optional[str] = ..., decoder: _Optional[_Union[DecoderSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., seed: _Optional[int] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., embedding_dim: _Optional[int] = ..., num_layers: _Optional[int] = ..., wire_dtype: _Optional[_Union[_tensor_pb2.DType, str]] = ..., split_seed: _Optional[int] = ..., label_privacy_json: _Optional[str] = ..., label_run_id: _Optional[str] = ..., record_releases: _Optional[bool] = ..., membership_audit: _Optional[bool] = ..., resume: _Optional[bool] = ..., resume_step: _Optional[int] = ...) -> None: ...
+    edge_free_layers: int
+    def __init__(self, run_id: _Optional[str] = ..., dataset: _Optional[str] = ..., decoder: _Optional[_Union[DecoderSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., seed: _Optional[int] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., embedding_dim: _Optional[int] = ..., num_layers: _Optional[int] = ..., wire_dtype: _Optional[_Union[_tensor_pb2.DType, str]] = ..., split_seed: _Optional[int] = ..., label_privacy_json: _Optional[str] = ..., label_run_id: _Optional[str] = ..., record_releases: _Optional[bool] = ..., membership_audit: _Optional[bool] = ..., resume: _Optional[bool] = ..., resume_step: _Optional[int] = ..., edge_free_layers: _Optional[int] = ...) -> None: ...
 
 class SetupRunReply(_message.Message):
     __slots__ = ("train_ids", "val_ids", "test_ids", "num_classes", "metric", "split", "num_nodes", "label_ledger_id", "label_epsilon_spent", "label_epsilon_budget", "label_delta", "query_ids", "label_note")
@@ -170,14 +172,18 @@ class Metric(_message.Message):
     def __init__(self, split: _Optional[str] = ..., name: _Optional[str] = ..., value: _Optional[float] = ..., count: _Optional[int] = ...) -> None: ...
 
 class EvalResult(_message.Message):
-    __slots__ = ("run_id", "eval_id", "metrics")
+    __slots__ = ("run_id", "eval_id", "metrics", "decoder_head", "head_metrics")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     EVAL_ID_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    DECODER_HEAD_FIELD_NUMBER: _ClassVar[int]
+    HEAD_METRICS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     eval_id: int
     metrics: _containers.RepeatedCompositeFieldContainer[Metric]
-    def __init__(self, run_id: _Optional[str] = ..., eval_id: _Optional[int] = ..., metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ...) -> None: ...
+    decoder_head: str
+    head_metrics: _containers.RepeatedCompositeFieldContainer[Metric]
+    def __init__(self, run_id: _Optional[str] = ..., eval_id: _Optional[int] = ..., metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ..., decoder_head: _Optional[str] = ..., head_metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ...) -> None: ...
 
 class FinishRunRequest(_message.Message):
     __slots__ = ("run_id", "status", "reason")

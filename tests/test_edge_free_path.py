@@ -1,0 +1,168 @@
+"""The edge-free path (issue #21 item 1; docs/privacy.md section 2.5): every edge-level
+extractor's release carries the MLP's layers, and B keeps the better head by validation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vesper.common.config import DecoderConfig, ExtractorConfig, OptimizerConfig, PrivacyConfig, RunConfig
+from vesper.common.dataset_files import resolve_dataset
+from vesper.party_a.extractors.base import ExtractorSetup, RootPlan
+from vesper.party_a.extractors.edge_free_path import WithEdgeFreePath, build_extractor, edge_free_layers, unwrapped
+from vesper.party_a.extractors.pmp_plugin import MlpPlugin
+from vesper.party_a.extractors.registry import installed, lookup, validated_params
+from vesper.party_a.graph_store import build_graph
+from vesper.party_b.decoders import FallbackDecoder
+from vesper.party_b.label_data import load_labels
+from vesper.party_b.session import LabelSession, SplitScores
+
+NODES = 30
+
+
+def _setup(name: str, path: bool = True, seed: int = 4) -> ExtractorSetup:
+    edges = torch.tensor([[i, (i + 1) % NODES] for i in range(NODES)] + [[i, (i + 7) % NODES] for i in range(NODES)])
+    config = RunConfig(
+        dataset="tiny", seed=3, privacy=PrivacyConfig(epsilon=8.0, edge_bound=200),
+        extractor=ExtractorConfig(
+            name=name, layers=2, fanout=3, dim=5, encoder_hidden=7, dropout=0.5, noise_multiplier=1.0,
+            edge_free_path=path, params={"encoder_epochs": 0} if name == "gap" else {},
+        ),
+    )
+    return ExtractorSetup(
+        config=config, params=validated_params(lookup(name).spec, config), graph=build_graph(edges, NODES),
+        features=torch.randn(NODES, 6, generator=torch.Generator().manual_seed(0)), device=torch.device("cpu"),
+        sampling_generator=torch.Generator().manual_seed(seed), noise_generator=torch.Generator().manual_seed(seed + 1),
+        delta=1e-6,
+    )
+
+
+ROOTS = RootPlan(torch.arange(0, 10), torch.arange(10, 20), torch.arange(20, 30), steps_per_epoch=2, eval_chunks=2)
+
+
+def test_every_edge_level_extractor_that_reads_edges_carries_the_path_and_no_other_does() -> None:
+    for found in installed():
+        spec = found.extractor.spec
+        expected = spec.privacy_unit == "edge" and spec.cost_model != "none"
+        extractor = build_extractor(found.extractor, _setup(spec.name)) if spec.name in ("mlp", "pmp-gcn", "gap") else None
+        if extractor is not None:
+            assert isinstance(extractor, WithEdgeFreePath) is expected, spec.name
+    off = build_extractor(lookup("pmp-gcn"), _setup("pmp-gcn", path=False))
+    assert not isinstance(off, WithEdgeFreePath) and edge_free_layers(off) == 0
+
+
+def test_the_release_is_the_extractor_s_then_the_mlp_s_and_the_charges_are_the_extractor_s() -> None:
+    wrapped = build_extractor(lookup("pmp-gcn"), _setup("pmp-gcn"))
+    alone = lookup("pmp-gcn")(_setup("pmp-gcn", path=False))
+    mlp = MlpPlugin(_setup("mlp"))
+    assert unwrapped(wrapped).spec.name == "pmp-gcn"
+    assert wrapped.output_layers == alone.output_layers + mlp.output_layers == 4
+    assert edge_free_layers(wrapped) == 2
+    plan, plain = wrapped.charge_plan(ROOTS), alone.charge_plan(ROOTS)
+    assert plan.rules == plain.rules and plan.sensitivity == plain.sensitivity
+    assert plan.details["edge_free_path"]["layers"] == 2
+    for extractor in (wrapped, alone):
+        extractor.bind(1.0)
+        extractor.train(False)
+    roots = torch.arange(5)
+    # the extractor draws first: its part of the release is what it releases without the path
+    assert torch.equal(wrapped.release(roots, "eval")[..., :2], alone.release(roots, "eval"))
+    mlp.train(False)
+    free = wrapped.release(torch.arange(5, 9), "eval")[..., 2:]
+    mlp.load_state_dict(wrapped.path.state_dict())
+    assert torch.allclose(free, mlp.release(torch.arange(5, 9), "eval"))
+
+
+def test_b_s_gradient_trains_the_path_even_when_the_extractor_trains_nothing() -> None:
+    """GAP trains nothing after its stage; with the path, A's optimiser has the MLP's parameters."""
+    extractor = build_extractor(lookup("gap"), _setup("gap"))
+    assert unwrapped(extractor).trainable_parameters() == []
+    parameters = extractor.trainable_parameters()
+    assert parameters and all(any(p is q for q in extractor.path.parameters()) for p in parameters)
+    extractor.bind(1.0)
+
+    class Session:
+        roots = ROOTS
+
+        def charge_one_shot(self, index, node_ids):
+            pass
+
+        def progress(self, message):
+            pass
+
+    extractor.prepare(Session())
+    extractor.train()
+    release = extractor.release(torch.arange(6), "train")
+    assert release.requires_grad and release.shape == (6, 5, 3 + 2)  # x̃_0 and two hops; the MLP's two layers
+    before = [p.detach().clone() for p in parameters]
+    optimizer = torch.optim.SGD(parameters, lr=0.5)
+    release.backward(torch.ones_like(release))
+    optimizer.step()
+    assert any(not torch.equal(b, p) for b, p in zip(before, parameters, strict=True))
+
+
+def test_the_graph_head_reads_the_edge_free_slices_detached() -> None:
+    """A's edge-free layers learn from the edge-free head alone: the MLP baseline, trained as it would be."""
+    torch.manual_seed(0)
+    decoder = FallbackDecoder(DecoderConfig(hidden_dim=8), dim=4, layers=3, edge_free=1, classes=3)
+    embeddings = torch.randn(10, 4, 3, requires_grad=True)
+    targets = torch.randint(0, 3, (10,))
+    graph_logits, free_logits = decoder.heads(embeddings)
+    F.cross_entropy(graph_logits, targets).backward()
+    assert embeddings.grad[..., -1].abs().sum() == 0 and embeddings.grad[..., :2].abs().sum() > 0
+    embeddings.grad = None
+    F.cross_entropy(free_logits, targets).backward()
+    assert embeddings.grad[..., :2].abs().sum() == 0 and embeddings.grad[..., -1].abs().sum() > 0
+
+
+def _session(edge_free: int) -> LabelSession:
+    store = load_labels(resolve_dataset("cora"), split_seed=0)
+    return LabelSession(
+        "r", store, DecoderConfig(hidden_dim=16), OptimizerConfig(), 8, 3, "float32", 0, torch.device("cpu"),
+        edge_free_layers=edge_free,
+    )
+
+
+@pytest.mark.parametrize("informative", ["graph", "edge-free"])
+def test_b_keeps_the_head_with_the_better_validation_metric(informative: str) -> None:
+    """Embeddings where only one part carries the labels: B keeps that head, and reports its metrics."""
+    session = _session(edge_free=1)
+    labels = session.store.labels
+    generator = torch.Generator().manual_seed(1)
+
+    def embeddings(ids: torch.Tensor) -> torch.Tensor:
+        noise = torch.randn(ids.numel(), 8, 3, generator=generator)
+        signal = F.one_hot(labels[ids].clamp(min=0), 8).float() * 3
+        column = slice(0, 2) if informative == "graph" else slice(2, 3)
+        noise[..., column] += signal[..., None]
+        return noise
+
+    train = torch.from_numpy(session.store.split.train)
+    for _ in range(60):
+        batch = train[torch.randint(0, train.numel(), (64,), generator=generator)]
+        session.train_step(batch, embeddings(batch))
+    scores = {}
+    for split in ("val", "test"):
+        ids = torch.from_numpy(getattr(session.store.split, split))
+        scores.setdefault(split, SplitScores()).add(ids, session.logits(embeddings(ids)))
+    evaluation = session.evaluate(scores)
+    assert evaluation.chosen == informative and session.decoder.chosen == informative
+    kept = dict((s, v) for s, _, v, _ in evaluation.results)
+    other = "edge-free" if informative == "graph" else "graph"
+    assert kept == {s: v for s, _, v, _ in evaluation.heads[informative]}
+    assert kept["val"] >= {s: v for s, _, v, _ in evaluation.heads[other]}["val"]
+    # the kept head is what the saved decoder serves
+    ids = torch.arange(5)
+    inputs = embeddings(ids)
+    assert torch.equal(session.decoder(inputs), session.logits(inputs)[informative])
+
+
+def test_one_head_without_a_path() -> None:
+    session = _session(edge_free=0)
+    assert not isinstance(session.decoder, FallbackDecoder)
+    ids = torch.from_numpy(session.store.split.val)
+    scores = {"val": SplitScores()}
+    scores["val"].add(ids, session.logits(torch.randn(ids.numel(), 8, 3)))
+    evaluation = session.evaluate(scores)
+    assert evaluation.chosen == "" and evaluation.head == "model" and evaluation.heads == {}
