@@ -11,7 +11,9 @@ import typer
 from rich import box
 from rich.table import Table
 
+from vesper.benchmarks.anchors import anchors_command
 from vesper.benchmarks.audit_bench import audit_bench_command
+from vesper.benchmarks.degradation import degradation_command
 from vesper.benchmarks.import_bench import import_command
 from vesper.benchmarks.label_privacy_table import label_privacy_command
 from vesper.benchmarks.perf.command import perf_command
@@ -146,6 +148,12 @@ bench_app.command("audit")(audit_bench_command)
 
 
 bench_app.command("utility")(utility_command)
+
+
+bench_app.command("degradation")(degradation_command)
+
+
+bench_app.command("anchors")(anchors_command)
 
 
 bench_app.command("results")(results_command)

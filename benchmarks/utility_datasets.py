@@ -1,5 +1,6 @@
-"""The datasets of ``vesper bench utility``, by name: ``cora`` (bundled), ``tolokers`` (skipped,
-with the reason, when its file is absent), and ``synthetic-dense`` / ``synthetic-sparse``,
+"""The datasets of ``vesper bench utility``, by name: ``cora`` (bundled), ``tolokers`` and
+``twitch-engb`` (skipped, with the reason, when their file is absent), and ``synthetic-dense`` /
+``synthetic-sparse`` / ``synthetic-heterophilous``,
 generated once into ``OUT/data/`` from a fixed :class:`SyntheticSpec` recorded in
 ``OUT/data/spec.json``: a resumed benchmark refuses to mix rows of graphs drawn from different
 specs (:class:`SpecMismatch`)."""
@@ -17,7 +18,7 @@ from pydantic import BaseModel
 from rich.console import Console
 
 from vesper.benchmarks.extractor_table import dataset_label
-from vesper.benchmarks.utility_options import SYNTHETIC_PROFILES, TOLOKERS
+from vesper.benchmarks.utility_options import SHARED_FILES, SYNTHETIC_PROFILES
 
 if TYPE_CHECKING:
     from vesper.benchmarks.synthetic import SyntheticSpec
@@ -36,11 +37,13 @@ class SpecMismatch(ValueError):
     """OUT/data/spec.json records another synthetic graph than the one asked for."""
 
 
-def synthetic_spec(profile: str, nodes: int) -> SyntheticSpec:
-    """The fixed spec of a named synthetic dataset: the generator's profile defaults, seed 0."""
+def synthetic_spec(label: str, nodes: int) -> SyntheticSpec:
+    """The fixed spec of a named synthetic dataset (SYNTHETIC_PROFILES): its profile's defaults,
+    its homophily, seed 0."""
     from vesper.benchmarks.synthetic import SyntheticSpec
 
-    return SyntheticSpec(num_nodes=nodes, profile=profile, seed=0)
+    profile, homophily = SYNTHETIC_PROFILES[label]
+    return SyntheticSpec(num_nodes=nodes, profile=profile, homophily=homophily, seed=0)
 
 
 def spec_fields(spec: SyntheticSpec) -> dict[str, Any]:
@@ -95,7 +98,7 @@ def ensure_synthetic(data_dir: Path, label: str, nodes: int, labels_with_rows: s
 
     spec_path = data_dir / "spec.json"
     records = _read_records(spec_path)
-    asked = spec_fields(synthetic_spec(SYNTHETIC_PROFILES[label], nodes))
+    asked = spec_fields(synthetic_spec(label, nodes))
     path = data_dir / f"{label}.npz"
     record = records.get(label)
     if record is not None:
@@ -113,7 +116,7 @@ def ensure_synthetic(data_dir: Path, label: str, nodes: int, labels_with_rows: s
         )
     if not path.exists():
         data_dir.mkdir(parents=True, exist_ok=True)
-        save_npz(generate(synthetic_spec(SYNTHETIC_PROFILES[label], nodes)), path)
+        save_npz(generate(synthetic_spec(label, nodes)), path)
     digest = array_digest(path)
     if record is not None and digest != record.sha256:
         raise SpecMismatch(
@@ -138,11 +141,13 @@ def resolve_datasets(
         if name in SYNTHETIC_PROFILES:
             path = ensure_synthetic(data_dir, name, nodes, labels_with_rows).resolve()
             found.append(BenchDataset(label=name, run_name=str(path), path=path))
-        elif name == "tolokers":
-            if not TOLOKERS.is_file():
-                say.print(f"skipping tolokers: {TOLOKERS} does not exist", highlight=False)
+        elif name in SHARED_FILES:
+            path = SHARED_FILES[name]
+            if not path.is_file():
+                say.print(f"skipping {name}: {path} does not exist", highlight=False)
                 continue
-            found.append(BenchDataset(label="tolokers", run_name=str(TOLOKERS), path=TOLOKERS))
+            # labelled as its rows are: by the file's stem (twitch-engb -> twitch_engb)
+            found.append(BenchDataset(label=dataset_label(str(path)), run_name=str(path), path=path))
         else:
             path = resolve_dataset(name)
             run_name = name if name in BUNDLED else str(path.resolve())

@@ -16,7 +16,15 @@ DECODERS = ("concat", "gru")
 ACCOUNTINGS = (HIDDEN, VISIBLE)
 DATASETS = ("cora", "tolokers", "synthetic-dense", "synthetic-sparse")
 TOLOKERS = Path("/work/shared/data/tolokers.npz")
-SYNTHETIC_PROFILES = {"synthetic-dense": "dense", "synthetic-sparse": "sparse"}
+TWITCH_ENGB = Path("/work/shared/data/twitch_engb.npz")
+# label -> (the generator's degree profile, edge homophily); the heterophilous graph is where an
+# aggregation that assumes neighbours alike loses to the features alone (issue #21)
+SYNTHETIC_PROFILES = {
+    "synthetic-dense": ("dense", 0.8), "synthetic-sparse": ("sparse", 0.8),
+    "synthetic-heterophilous": ("dense", 0.2),
+}
+# the graphs a file outside the repository provides: skipped, saying so, where it is absent
+SHARED_FILES = {"tolokers": TOLOKERS, "twitch-engb": TWITCH_ENGB}
 # Cora's node count: with the generator's 16 features a run then takes about as long as a
 # Cora run (20 epochs at ε = 4: pmp-gcn 3.8 s dense, 6.2 s sparse, 4.3 s Cora; docs/utility.md)
 SYNTHETIC_NODES = 2708

@@ -1,0 +1,69 @@
+"""``vesper bench degradation`` (the rule of issue #21 item 1) and ``vesper bench anchors`` (item 5):
+their decisions from rows, and the published numbers file."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from vesper.benchmarks.anchors import (
+    BEGIN,
+    END,
+    AnchorsError,
+    load_anchors,
+    markdown,
+    replace_section,
+)
+from vesper.benchmarks.degradation import cell, cells
+from vesper.benchmarks.extractor_table import TableRow
+
+
+def _rows(extractor: str, values: list[float], epsilon: float = 4.0, dataset: str = "cora", head: str = "") -> list[TableRow]:
+    return [
+        TableRow(
+            dataset=dataset, extractor=extractor, seed=seed, epsilon_budget=epsilon, accounting="visible-batch",
+            status="completed", metric="accuracy", test=value, head=head,
+        )
+        for seed, value in enumerate(values)
+    ]
+
+
+MLP = _rows("mlp", [0.74, 0.75, 0.745, 0.742, 0.748])
+
+
+def test_a_cell_clearly_below_the_mlp_is_below_and_one_level_with_it_is_not() -> None:
+    below = cell(MLP + _rows("gap", [0.60, 0.62, 0.61, 0.605, 0.615]), "cora", "gap", 4.0)
+    assert below.below and below.p_below is not None and below.p_below < 1e-4
+    level = cell(MLP + _rows("gap", [0.745, 0.74, 0.75, 0.743, 0.747], head="edge-free"), "cora", "gap", 4.0)
+    assert not level.below and level.p_below > 0.05 and level.kept_edge_free == 5
+    assert "edge-free 5/5" in level.text and "**below**" in below.text
+
+
+def test_the_mlp_serves_every_epsilon_and_missing_cells_are_not_measured() -> None:
+    found = cells(MLP + _rows("gap", [0.8, 0.81], epsilon=math.inf), ["cora"], ["mlp", "gap"], [4.0, math.inf])
+    by_eps = {c.epsilon: c for c in found}
+    assert by_eps[math.inf].p_below is not None and not by_eps[math.inf].below
+    assert by_eps[4.0].values == [] and by_eps[4.0].p_below is None and by_eps[4.0].text == "—"
+    assert all(c.extractor != "mlp" for c in found)
+
+
+def test_the_published_anchors_file_is_valid_and_names_every_source() -> None:
+    anchors = load_anchors()
+    assert {a.method for a in anchors} == {"GAP", "ProGAP", "DPDGC", "LPGNet"}
+    assert all(a.source and a.url.startswith("https://") and a.split for a in anchors)
+    cora = [a for a in anchors if a.dataset == "cora" and a.model == "DPDGC" and a.epsilon == 1.0]
+    assert cora and cora[0].fraction == pytest.approx(0.7771)
+
+
+def test_the_anchors_table_puts_vesper_beside_the_papers_and_replaces_only_its_section() -> None:
+    rows = MLP + _rows("gap", [0.76, 0.77]) + _rows("pmp-gcn", [0.78, 0.79])
+    text = markdown(rows, load_anchors(), ["cora", "synthetic-dense"], ["mlp", "gap", "pmp-gcn"], ["r.csv"])
+    assert text.startswith(BEGIN) and text.endswith(END)
+    assert "| 4 | pmp-gcn 0.785 ± 0.007 (2) | 0.765 ± 0.007 (2) | 0.745 ± 0.004 (5) |" in text
+    assert "| DPDGC | DPDGC | 1 | 0.777" in text
+    assert "none of GAP, ProGAP, DPDGC and LPGNet reports this graph" in text
+    document = f"before\n{BEGIN}\nold\n{END}\nafter\n"
+    assert replace_section(document, text) == f"before\n{text}\nafter\n"
+    with pytest.raises(AnchorsError, match="no .* section"):
+        replace_section("no markers", text)
