@@ -29,6 +29,7 @@ from vesper.common.stores import GRAPH_FILE, aligned_datasets
 from vesper.common.torch_threads import apply_torch_threads
 from vesper.common.writable import check_writable_dir
 from vesper.party_a.alignment import align
+from vesper.party_a.extractors.edge_free_path import recorded_run_config
 from vesper.party_a.extractors.registry import lookup, validated_params
 from vesper.party_a.peers import AccountantClient, LabelPartyClient
 from vesper.party_a.run import GraphData, GraphPartyRun, ProgressEvent
@@ -78,7 +79,7 @@ class GraphPartyService(pb_grpc.GraphPartyServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"run id {run_id!r} must match {RUN_ID.pattern}")
         try:
             record = RunFiles(self.settings.workdir / "runs" / run_id).load_start()
-            config = RunConfig.model_validate(record["config"])
+            config = recorded_run_config(record["config"])
             if resumable:
                 check_resumable(config)
         except (ResumeError, ValidationError) as exc:

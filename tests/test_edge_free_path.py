@@ -166,3 +166,13 @@ def test_one_head_without_a_path() -> None:
     scores["val"].add(ids, session.logits(torch.randn(ids.numel(), 8, 3)))
     evaluation = session.evaluate(scores)
     assert evaluation.chosen == "" and evaluation.head == "model" and evaluation.heads == {}
+
+
+def test_a_run_recorded_before_the_path_resumes_and_predicts_without_it() -> None:
+    from vesper.party_a.extractors.edge_free_path import recorded_run_config
+
+    new = RunConfig(dataset="cora").model_dump(mode="json")
+    assert recorded_run_config(new).extractor.edge_free_path is True
+    old = {**new, "extractor": {k: v for k, v in new["extractor"].items() if k != "edge_free_path"}}
+    assert recorded_run_config(old).extractor.edge_free_path is False
+    assert "edge_free_path" not in old["extractor"]  # the record itself is left as it is

@@ -75,6 +75,8 @@ def print_summaries(summaries: list[RunSummary]) -> None:
             + (f". Privacy unit: {s.relation}" if s.relation else ""),
             highlight=False,
         )
+        if s.decoder_head:
+            console.print(f"  {head_line(s)}", highlight=False)
         if s.accounting == "hidden-batch":
             console.print(f"  {hidden_batch_numbers(s.epsilon_events, s.epsilon_bound6)} {s.assumption}", highlight=False)
         if s.status_url:
@@ -100,3 +102,11 @@ def write_json(path: Path | None, summary: RunSummary) -> None:
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(summary.model_dump_json(indent=2) + "\n")
+
+
+def head_line(s: RunSummary) -> str:
+    """Which of B's two heads the run kept, and why (the edge-free path, docs/utility.md section 7)."""
+    val = {head: s.head_metrics.get(f"val@{head}") for head in ("graph", "edge-free")}
+    scores = ", ".join(f"{head} {m.value:.4f}" for head, m in val.items() if m is not None)
+    kept = "the graph head (every slice)" if s.decoder_head == "graph" else "the edge-free head (the MLP's slices alone)"
+    return f"B kept {kept}: validation {scores}"

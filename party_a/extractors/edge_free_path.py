@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vesper.common.config import RunConfig
 from vesper.party_a.extractors.base import (
     ChargePlan,
     Extractor,
@@ -62,6 +63,16 @@ def build_extractor(cls: type[Extractor], setup: ExtractorSetup) -> Extractor:
     """
     extractor = cls(setup)
     return WithEdgeFreePath(extractor, MlpPlugin(setup)) if wants_path(cls, setup) else extractor
+
+
+def recorded_run_config(data: dict[str, Any]) -> RunConfig:
+    """A run's config as its record stored it. A run recorded before the edge-free path existed
+    has no ``extractor.edge_free_path`` key: it resumes and predicts with the releases it began
+    with, without the path (its B session and saved decoder have that many slices)."""
+    extractor = data.get("extractor")
+    if isinstance(extractor, dict) and "edge_free_path" not in extractor:
+        data = {**data, "extractor": {**extractor, "edge_free_path": False}}
+    return RunConfig.model_validate(data)
 
 
 def unwrapped(extractor: Extractor) -> Extractor:

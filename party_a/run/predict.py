@@ -31,7 +31,7 @@ from vesper.common.config import PartyAConfig, RunConfig, RunSummary
 from vesper.common.metrics import NO_COUNTERS, RunCounters
 from vesper.common.privacy.events import event_from_json
 from vesper.party_a.extractors.base import Extractor, ExtractorSetup
-from vesper.party_a.extractors.edge_free_path import build_extractor
+from vesper.party_a.extractors.edge_free_path import build_extractor, recorded_run_config
 from vesper.party_a.extractors.registry import lookup, validated_params
 from vesper.party_a.peers import AccountantClient, LabelPartyClient
 from vesper.party_a.run.charger import WriteAheadCharger
@@ -70,7 +70,7 @@ def _finished_run(run_dir: Path) -> tuple[RunConfig, dict, dict]:
     if summary.status != "completed":
         raise PredictionError(f"run {run_dir.name} is {summary.status}: only a completed run predicts")
     record = RunFiles(run_dir).load_start()
-    config = RunConfig.model_validate(record["config"])
+    config = recorded_run_config(record["config"])
     audit = config.audit
     if audit.canaries or audit.membership or audit.record_releases:
         raise PredictionError(f"run {run_dir.name} is an audit run (its graph carried canaries or a subgraph): no prediction")
