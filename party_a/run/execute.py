@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -39,6 +40,8 @@ from vesper.party_a.run.release import Release, check_plan_fits, plan_release, w
 from vesper.party_a.run.secrets import SecretGenerators
 from vesper.party_a.run.step_loop import STEP_TIMINGS_FILE, StepLoop, TrainingPass
 from vesper.party_a.run.step_timings import StepTimings
+from vesper.party_a.workers import DistributedExtractor, WorkerGroup, check_supported
+from vesper.party_a.workers.protocol import WorkerSetup
 from vesper.proto.v1 import label_party_pb2 as lp_pb
 
 
@@ -54,9 +57,11 @@ class GraphPartyRun:
         cancelled: Callable[[], bool] = lambda: False,
         resume: dict | None = None,
         metrics: PartyAMetrics | None = None,
+        dataset_path: Path | None = None,
     ) -> None:
         """``resume``: the run's resume record (party_a.run.checkpoint_files), to continue it;
-        ``metrics``: the service's, where the run's steps and releases are counted."""
+        ``metrics``: the service's, where the run's steps and releases are counted;
+        ``dataset_path``: the file ``data`` was loaded from (needed by W > 1 workers, which map it)."""
         if resume is None:  # a resumed run has its settings, defaults applied, in its record
             try:
                 config, applied = with_run_defaults(config)
@@ -95,6 +100,8 @@ class GraphPartyRun:
         self.milestones = summaries.Milestones()
         self.summary = summaries.initial(self.run_id, config, self.delta, self.status_url)
         self.keeper: LeaseKeeper | None = None
+        self.dataset_path = dataset_path
+        self.workers: WorkerGroup | None = None  # party_a.workers > 1: the run's worker processes
 
     @property
     def epsilon_spent(self) -> float:
@@ -128,6 +135,7 @@ class GraphPartyRun:
         extractor = self._build_extractor()
         self.hooks.check(extractor)
         self.summary = summaries.with_extractor(self.summary, extractor, self.delta)
+        self._start_workers()  # before anything is charged: a refusal or failed start costs nothing
         self._hold_run()
         reply = self._open_session(self.run_id, extractor.output_layers, self.checkpoints.resume_step)
         self.milestones.b_ready = True
@@ -135,6 +143,8 @@ class GraphPartyRun:
         roots = root_plan(cfg, reply, self.data.shared_nodes)
         extractor, evaluator = self._extractors(roots, reply.num_classes, extractor)
         plan, release = self._charges(roots, extractor, evaluator)
+        if self.workers is not None:  # the same extractor trains and evaluates (no audit rebuilt it)
+            extractor = evaluator = DistributedExtractor(extractor, self.workers)  # type: ignore[assignment]
         self.summary = summaries.with_release(self.summary, cfg, reply.split, release, plan)
         if not resuming:
             self._create_run(roots, plan, release, reply.split, extractor)
@@ -167,6 +177,22 @@ class GraphPartyRun:
             noise_generator=self.generators.noise, delta=self.delta,
         )
         return cls(setup)
+
+    def _start_workers(self) -> None:
+        """``party_a.workers`` > 1: its worker processes, each building the run's extractor from the
+        secret generators as they stood when rank 0 built it (party_a.workers)."""
+        count = self.settings.workers
+        if count <= 1:
+            return
+        check_supported(self.config, count)
+        if self.dataset_path is None:
+            raise ValueError("party_a.workers > 1 needs the dataset's file, which this run was not given")
+        self.report(ProgressEvent("setup", message=f"starting {count - 1} worker processes (party_a.workers = {count})"))
+        setup = WorkerSetup(
+            run_config_json=self.config.model_dump_json(), dataset=self.dataset_path.resolve(),
+            device=str(self.ctx.device), delta=self.delta, torch_threads=self.settings.torch_threads,
+        )
+        self.workers = WorkerGroup.start(self.settings, setup, self.generators.initial, self.ctx.run_dir())
 
     def _hold_run(self) -> None:
         """A run has one trainer (accountant/leases.py): its lease first, before party B hears of the run."""
@@ -258,7 +284,7 @@ class GraphPartyRun:
             batches=getattr(extractor, "root_batches", shuffled_batches), on_step=self.hooks.on_step, start=start,
             checkpoint=lambda position: self.checkpoints.save(position, extractor, optimizer),
             prefetch=getattr(extractor, "prefetch", None) if self.settings.pipeline else None,
-            timings=self.step_timings,
+            timings=self.step_timings, backward=getattr(extractor, "backward", None),
         )).run()
         self.step_timings.save(self.ctx.run_dir() / STEP_TIMINGS_FILE)
         return optimizer
@@ -286,6 +312,8 @@ class GraphPartyRun:
         lost), B told how it ended, B's label ledger read back."""
         if self.keeper is not None:
             self.keeper.stop()
+        if self.workers is not None:
+            self.workers.close()
         done, summary = self.milestones, self.summary
         if done.run_created and not done.lost_accountant and not done.lost_lease:
             try:
