@@ -74,6 +74,7 @@ class WorkerGroup:
         self.processes = processes
         self.timeout_s = timeout_s
         self.healthy = True
+        self.closed = False
         self._changed = True  # the parameters changed since the workers last received them
 
     # -- starting and stopping ------------------------------------------------------------------
@@ -127,8 +128,9 @@ class WorkerGroup:
 
     def close(self) -> None:
         """Stop the workers (asked, then terminated) and leave the group; safe to call twice."""
-        if not _ONE_GROUP.locked() or not dist.is_initialized():
+        if self.closed:
             return
+        self.closed = True
         try:
             if self.healthy:
                 try:
