@@ -176,7 +176,11 @@ class WorkerGroup:
 
     # -- faults ---------------------------------------------------------------------------------
     def _send(self, command: Command) -> None:
+        """Every command starts with a look at the workers this rank started: one that has exited is
+        reported now, not when a collective waiting for it gives up (``party_a.step_timeout_s``)."""
         with self._lost(f"sending a {command.op} command"):
+            if any(process.poll() is not None for process in self.processes):
+                raise RuntimeError("a worker process has exited")
             dist.broadcast_object_list([command], src=0)
 
     @contextmanager
