@@ -32,7 +32,7 @@ import math
 
 import torch
 
-from vesper.party_a.sampler import keyed_uniform
+from vesper.party_a.sampler import pair_key_grid
 
 NoiseKey = tuple[int, int]
 
@@ -46,16 +46,24 @@ def draw_noise_key(generator: torch.Generator) -> NoiseKey:
 
 
 _SLOT_BITS = 20  # the hashed pair is (node, layer · 2²⁰ + slot): one slot per coordinate, < 2²⁰
-_MAX_LAYER = (1 << (32 - _SLOT_BITS)) - 1
+_MAX_LAYER = (1 << (31 - _SLOT_BITS)) - 1  # slots stay below 2³¹ (pair_key_grid)
+_TWO_32 = 4294967296.0
+
+
+def _unsigned(bits: torch.Tensor) -> torch.Tensor:
+    """int32 bit patterns as the float64 values of their unsigned 32 bits, in [0, 2³²)."""
+    return bits.to(torch.float64).add_(_TWO_32 * (bits < 0))
 
 
 def keyed_normal(key: NoiseKey, layer: int, rows: torch.Tensor, width: int) -> torch.Tensor:
-    """N(0, 1) per (row, coordinate), float64 [len(rows), width], a function of (key, layer, node, j) only.
+    """N(0, 1) per (row, coordinate), float32 [len(rows), width], a function of (key, layer, node, j) only.
 
     Box–Muller on the pair m = j // 2, with slots s = layer · 2²⁰ + 2m and s + 1 (distinct for
-    every layer and coordinate below the bounds checked here): U₁ = 1 − keyed_uniform(k_r, v, s)
-    ∈ (0, 1] and U₂ = keyed_uniform(k_r, v, s + 1); coordinate 2m is √(−2 ln U₁) cos 2πU₂ and
-    2m + 1 is √(−2 ln U₁) sin 2πU₂: two independent standard normals per pair of uniforms.
+    every layer and coordinate below the bounds checked here) and h(k, v, s) the keyed 32-bit
+    hash of the sampler (``pair_keys``): a radius from 53 bits, U₁ = 1 − U(k_r, v, s) ∈ (0, 1]
+    with U the sampler's ``keyed_uniform`` (two hashes), and an angle from 32 bits,
+    U₂ = h(k_r, v, s + 1) / 2³². Coordinate 2m is √(−2 ln U₁) cos 2πU₂ and 2m + 1 is
+    √(−2 ln U₁) sin 2πU₂: two independent standard normals per pair of uniforms.
     """
     pairs = (width + 1) // 2
     if not 0 <= layer <= _MAX_LAYER or 2 * pairs > 1 << _SLOT_BITS:
@@ -63,11 +71,17 @@ def keyed_normal(key: NoiseKey, layer: int, rows: torch.Tensor, width: int) -> t
             f"keyed noise covers layers 0..{_MAX_LAYER} and rows of at most {1 << _SLOT_BITS} values, "
             f"got layer {layer} and width {width}"
         )
-    nodes = rows.to(torch.int64).reshape(-1, 1)
-    slot = (layer << _SLOT_BITS) + 2 * torch.arange(pairs, dtype=torch.int64, device=nodes.device).reshape(1, -1)
-    radius = torch.sqrt(-2.0 * torch.log1p(-keyed_uniform(key, nodes, slot)))
-    angle = (2.0 * math.pi) * keyed_uniform(key, nodes, slot + 1)
-    normal = torch.stack((radius * torch.cos(angle), radius * torch.sin(angle)), dim=-1)
+    nodes = rows.reshape(-1).to(torch.int64)
+    slot = (layer << _SLOT_BITS) + 2 * torch.arange(pairs, dtype=torch.int64, device=nodes.device)
+    # keyed_uniform(k_r, v, s), 53 bits: the high 32 from h(k_r, ·), the low 21 from h(swapped k_r, ·)
+    high = _unsigned(pair_key_grid(key, nodes, slot))
+    low = _unsigned(pair_key_grid((key[1], key[0]), nodes, slot))
+    uniform = high.mul_(2.0**21).add_(low.mul_(2.0**-11).floor_()).mul_(2.0**-53)
+    radius = uniform.neg_().log1p_().mul_(-2.0).sqrt_().to(torch.float32)
+    angle = _unsigned(pair_key_grid(key, nodes, slot + 1)).mul_(2.0 * math.pi / _TWO_32).to(torch.float32)
+    normal = torch.empty(nodes.shape[0], pairs, 2, dtype=torch.float32, device=nodes.device)
+    torch.mul(radius, torch.cos(angle), out=normal[..., 0])
+    torch.mul(radius, torch.sin(angle), out=normal[..., 1])
     return normal.reshape(nodes.shape[0], 2 * pairs)[:, :width]
 
 

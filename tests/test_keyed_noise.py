@@ -110,3 +110,20 @@ def test_pmp_gives_a_node_the_same_noisy_aggregate_whichever_roots_reach_it() ->
     assert shared, "the halves should reach common nodes"
     for node in shared:
         assert torch.allclose(first[node], whole[node], atol=1e-6) and torch.allclose(second[node], whole[node], atol=1e-6)
+
+
+def test_the_grid_hash_is_the_sampler_s_keyed_hash() -> None:
+    """keyed_normal's radius uniform is keyed_uniform, its angle one pair_keys hash, on every (node, slot)."""
+    from vesper.party_a.sampler import keyed_uniform, pair_key_grid, pair_keys
+
+    nodes = torch.cat([torch.randint(0, 1 << 40, (300,), generator=torch.Generator().manual_seed(1)), torch.tensor([0, 1])])
+    slots = torch.tensor([0, 1, 2, 3, (1 << 31) - 1])
+    grid = pair_key_grid((9, 10), nodes, slots).to(torch.int64) & 0xFFFFFFFF
+    assert torch.equal(grid, pair_keys((9, 10), nodes[:, None], slots[None, :]))
+    rows, width = torch.tensor([5, 17, 2]), 6
+    normal = keyed_normal((9, 10), 1, rows, width).double()
+    slot = (1 << 20) + 2 * torch.arange(3)
+    radius = torch.sqrt(-2 * torch.log1p(-keyed_uniform((9, 10), rows[:, None], slot[None, :])))
+    angle = 2 * torch.pi * pair_keys((9, 10), rows[:, None], (slot + 1)[None, :]).double() / 2**32
+    expected = torch.stack((radius * torch.cos(angle), radius * torch.sin(angle)), dim=-1).reshape(3, width)
+    assert torch.allclose(normal, expected, atol=1e-5)
