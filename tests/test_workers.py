@@ -173,3 +173,29 @@ def test_the_setting_is_checked() -> None:
         PartyAConfig(workers=0)
     with pytest.raises(ValidationError, match="workers_listen"):
         PartyAConfig(workers_listen="no port")
+
+
+def test_serve_party_a_takes_workers_and_the_others_refuse_it(monkeypatch, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    import vesper.party_a.service as service
+    from vesper.coordinator.cli import app
+
+    served = []
+    monkeypatch.setattr(service, "serve", lambda settings, ready_file: served.append(settings))
+    config = tmp_path / "a.toml"
+    config.write_text(f'[party_a]\nworkdir = "{tmp_path / "a"}"\nstep_timeout_s = 9\n')
+    result = CliRunner().invoke(app, ["serve", "party-a", "--config", str(config), "--workers", "3"])
+    assert result.exit_code == 0, result.output
+    assert served[0].workers == 3 and served[0].step_timeout_s == 9
+    refused = CliRunner().invoke(app, ["serve", "party-b", "--workers", "2"])
+    assert refused.exit_code == 2 and "--workers is party A's setting" in refused.output.replace("\n", "")
+    assert CliRunner().invoke(app, ["serve", "party-a", "--workers", "0"]).exit_code == 2
+
+
+def test_demo_hands_party_a_its_workers() -> None:
+    from vesper.coordinator.cli.runs import own_data
+
+    assert own_data(None, None) == {} and own_data(None, None, 2) == {"party_a": {"workers": 2}}
+    both = own_data(Path("a"), Path("b"), 2)
+    assert both["party_a"]["workers"] == 2 and "workers" not in both["party_b"]
