@@ -135,7 +135,7 @@ class GraphPartyRun:
         extractor = self._build_extractor()
         self.hooks.check(extractor)
         self.summary = summaries.with_extractor(self.summary, extractor, self.delta)
-        self._start_workers()  # before anything is charged: a refusal or failed start costs nothing
+        check_supported(cfg, self.settings.workers)  # before anything is charged (party_a.workers)
         self._hold_run()
         reply = self._open_session(self.run_id, extractor.output_layers, self.checkpoints.resume_step)
         self.milestones.b_ready = True
@@ -143,8 +143,6 @@ class GraphPartyRun:
         roots = root_plan(cfg, reply, self.data.shared_nodes)
         extractor, evaluator = self._extractors(roots, reply.num_classes, extractor)
         plan, release = self._charges(roots, extractor, evaluator)
-        if self.workers is not None:  # the same extractor trains and evaluates (no audit rebuilt it)
-            extractor = evaluator = DistributedExtractor(extractor, self.workers)  # type: ignore[assignment]
         self.summary = summaries.with_release(self.summary, cfg, reply.split, release, plan)
         if not resuming:
             self._create_run(roots, plan, release, reply.split, extractor)
@@ -156,6 +154,7 @@ class GraphPartyRun:
         if cfg.label_privacy.mode == "pate":
             roots, eval_index, note = collect(self.ctx, roots, release, extractor, self.data.shared_nodes)
             self.summary = self.summary.model_copy(update={"label_note": note})
+        extractor, evaluator = self._distributed(extractor, evaluator)
         optimizer = self._train(roots, release, extractor)
         if evaluator is not extractor:
             evaluator.load_state_dict(extractor.state_dict())
@@ -178,13 +177,14 @@ class GraphPartyRun:
         )
         return cls(setup)
 
-    def _start_workers(self) -> None:
-        """``party_a.workers`` > 1: its worker processes, each building the run's extractor from the
-        secret generators as they stood when rank 0 built it (party_a.workers)."""
+    def _distributed(self, extractor: Extractor, evaluator: Extractor) -> tuple[Extractor, Extractor]:
+        """``party_a.workers`` > 1: the extractor that trains and evaluates (the same one: no audit
+        rebuilt it, check_supported), its releases split over worker processes started now, just
+        before the first release, each building the run's extractor from the secret generators as
+        they stood when rank 0 built it (party_a.workers). A failed start charged nothing."""
         count = self.settings.workers
         if count <= 1:
-            return
-        check_supported(self.config, count)
+            return extractor, evaluator
         if self.dataset_path is None:
             raise ValueError("party_a.workers > 1 needs the dataset's file, which this run was not given")
         self.report(ProgressEvent("setup", message=f"starting {count - 1} worker processes (party_a.workers = {count})"))
@@ -193,6 +193,8 @@ class GraphPartyRun:
             device=str(self.ctx.device), delta=self.delta, torch_threads=self.settings.torch_threads,
         )
         self.workers = WorkerGroup.start(self.settings, setup, self.generators.initial, self.ctx.run_dir())
+        distributed = DistributedExtractor(extractor, self.workers)
+        return distributed, distributed  # type: ignore[return-value]
 
     def _hold_run(self) -> None:
         """A run has one trainer (accountant/leases.py): its lease first, before party B hears of the run."""

@@ -93,7 +93,8 @@ class WorkerGroup:
             )
         processes: list[subprocess.Popen] = []
         try:
-            timeout = settings.step_timeout_s
+            # the longest a worker waits for the next command: B's answer, a charge's retries, a checkpoint
+            timeout = settings.step_timeout_s + settings.peer_retry_s + 60.0
             if settings.workers_listen:
                 init = f"tcp://{settings.workers_listen}"
             else:
@@ -177,7 +178,7 @@ class WorkerGroup:
     # -- faults ---------------------------------------------------------------------------------
     def _send(self, command: Command) -> None:
         """Every command starts with a look at the workers this rank started: one that has exited is
-        reported now, not when a collective waiting for it gives up (``party_a.step_timeout_s``)."""
+        reported now, not when a collective waiting for it gives up (the group's timeout)."""
         with self._lost(f"sending a {command.op} command"):
             if any(process.poll() is not None for process in self.processes):
                 raise RuntimeError("a worker process has exited")
