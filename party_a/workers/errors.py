@@ -14,4 +14,4 @@ class WorkerLost(PeerLost):
     run is interrupted, not failed, and resumes from its last checkpoint (``vesper train --resume``)."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(message, peer="worker processes of party A")
+        super().__init__(message, peer="worker pool of party A")
