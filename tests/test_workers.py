@@ -201,3 +201,39 @@ def test_demo_hands_party_a_its_workers() -> None:
     assert own_data(None, None) == {} and own_data(None, None, 2) == {"party_a": {"workers": 2}}
     both = own_data(Path("a"), Path("b"), 2)
     assert both["party_a"]["workers"] == 2 and "workers" not in both["party_b"]
+
+
+def test_a_worker_started_by_hand_joins_run_after_run(dataset: Path, tmp_path: Path) -> None:
+    """The several-hosts form on loopback: party_a.workers_listen, and a worker started with --forever
+    that serves one run's group, then the next one's."""
+    import subprocess
+    import sys
+
+    from vesper.party_a.workers.group import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    worker = subprocess.Popen([
+        sys.executable, "-m", "vesper.party_a.workers", "--init", f"tcp://{address}", "--rank", "1", "--world", "2",
+        "--timeout-s", "60", "--forever",
+    ])
+    try:
+        config = config_for("pmp-gin")
+        settings = PartyAConfig(workers=2, workers_listen=address, step_timeout_s=10, peer_retry_s=0)
+        setup = WorkerSetup(run_config_json=config.model_dump_json(), dataset=dataset, device="cpu", delta=1e-6)
+        for _ in range(2):
+            single, _ = build(config, dataset)
+            double, initial = build(config, dataset)
+            group = WorkerGroup.start(settings, setup, initial, None)
+            try:
+                assert group.processes == []  # party A started none of its own
+                roots = torch.arange(0, 60, 3)
+                with torch.no_grad():
+                    expected = single.eval().release(roots, "eval")
+                    got = DistributedExtractor(double.eval(), group).release(roots, "eval")
+                assert torch.allclose(got, expected, atol=1e-5)
+            finally:
+                group.close()
+        assert worker.poll() is None  # still there for the next run
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
