@@ -403,6 +403,16 @@ class PartyAConfig(_Model):
     torch_threads: int | None = Field(None, ge=1, description=TORCH_THREADS)
     alignment_pad_to: AlignmentPadTo = None
     metrics_listen: MetricsListen = None
+    workers: int = Field(
+        1, ge=1, le=1024,
+        description="W processes share each release's roots (torch.distributed, party_a.workers): the same "
+        "releases and ledger as 1; per-step extractors (mlp, pmp-gin, pmp-gcn) only; 1 = no process group",
+    )
+    workers_listen: str | None = Field(
+        None, pattern=r"^[^\s:]+:\d{1,5}$",
+        description="host:port where rank 0 waits for W-1 workers started by hand on other hosts "
+        "(python -m vesper.party_a.workers --forever); unset: party A starts them on this host",
+    )
 
 
 # a decoder has one output row per class: a bound keeps a stray label value from asking for terabytes

@@ -191,7 +191,8 @@ class GraphPartyService(pb_grpc.GraphPartyServicer):
         self, request: pb.StartRunRequest, context: grpc.ServicerContext, config: RunConfig, resume: dict | None
     ) -> Iterator[pb.RunEvent]:
         try:
-            data = self._load(resolve_dataset(config.dataset, self.datasets()))
+            dataset_path = resolve_dataset(config.dataset, self.datasets())
+            data = self._load(dataset_path)
         except DatasetNotFound as exc:
             context.abort(grpc.StatusCode.NOT_FOUND, f"party A: {exc}")
         except ValueError as exc:  # DatasetError included: the file is there, its contents cannot be used
@@ -217,6 +218,7 @@ class GraphPartyService(pb_grpc.GraphPartyServicer):
         run = GraphPartyRun(
             config, self.settings, data, label_party, accountant,
             report=events.put, cancelled=lambda: not context.is_active(), resume=resume, metrics=self.metrics,
+            dataset_path=dataset_path,
         )
         name_run(run.run_id)  # this call's log lines name the run (the server clears it when the call ends)
         if resume is None:

@@ -21,7 +21,7 @@ from vesper.common.config import ExtractorConfig
 from vesper.party_a.extractors.pmp import PmpExtractor
 from vesper.party_a.graph_store import Graph, build_graph
 from vesper.party_a.keyed_dropout import draw_dropout_key
-from vesper.party_a.noise import NoiseSource
+from vesper.party_a.noise import NoiseSource, draw_noise_key, keyed_normal
 from vesper.party_a.sampler import Block, NeighbourSampler, SampledSubgraph, pair_keys
 
 # -- the reference implementations (the sampler as defined, by brute force; pmp.py before issue #9) --
@@ -87,14 +87,16 @@ def reference_gcn_aggregate(block: Block, h_src: torch.Tensor, capped_degree: to
 
 
 def reference_noisy_aggregates(model: PmpExtractor, subgraph, features, noise_std, generator, capped_degree):
+    """Layer by layer with gathered messages; every node's noise keyed by the release's key (party_a.noise)."""
     h = model.encoder(features[subgraph.input_nodes])
     noisy_roots = []
-    for layer, block in zip(model.layers, subgraph.blocks):
+    key = draw_noise_key(generator)
+    for index, (layer, block) in enumerate(zip(model.layers, subgraph.blocks)):
         if model.name == "pmp-gin":
             noisy = reference_gin_aggregate(block, h)
         else:
             noisy = reference_gcn_aggregate(block, h, capped_degree, model.d_min)
-        noisy = noisy + noise_std * torch.randn(noisy.shape, generator=generator, dtype=noisy.dtype)
+        noisy = noisy + noise_std * keyed_normal(key, index, block.dst_nodes, noisy.shape[1]).to(noisy.dtype)
         h = layer(h[: block.dst_count], noisy)
         noisy_roots.append(noisy[: subgraph.roots.numel()])
     return noisy_roots
@@ -324,7 +326,9 @@ def test_the_hot_path_makes_its_tensors_on_its_device_and_reads_the_host_per_lay
         # the CPU draws are the release's dropout key and per-step seeds from A's CPU secret
         # generator, turned into ints (and they show that the audit sees party A's factories)
         assert audit.unplaced == ["keyed_dropout.py:draw_dropout_key: torch.randint", "sampler.py:layer_seeds: torch.randint"]
-        reads.append(sorted(r for r in audit.host_reads if "layer_seeds" not in r and "draw_dropout_key" not in r))
+        reads.append(sorted(
+            r for r in audit.host_reads if not any(draw in r for draw in ("layer_seeds", "draw_dropout_key", "draw_noise_key"))
+        ))
     assert reads[0] == reads[1]  # the same reads for 4 roots as for 64: none per node
     assert 0 < len(reads[0]) <= 3 * 2  # a few per layer (degree max, short nodes, message order)
 

@@ -31,6 +31,7 @@ import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import dp_accounting as dpa
@@ -118,8 +119,11 @@ class RecordingNoise(NoiseSource):
         self.calls: list[MechanismCall] = []
         self.problems: list[str] = []
 
-    def gaussian(self, values: torch.Tensor, std: float, *, rows: torch.Tensor | None = None) -> torch.Tensor:
-        return self._perturb("gaussian", values, std, rows, super().gaussian)
+    def gaussian(
+        self, values: torch.Tensor, std: float, *, rows: torch.Tensor | None = None, key=None, layer: int = 0,
+    ) -> torch.Tensor:
+        keyed = partial(super().gaussian, key=key, layer=layer)
+        return self._perturb("gaussian", values, std, rows, keyed)
 
     def gumbel(self, values: torch.Tensor, scale: float, *, rows: torch.Tensor | None = None) -> torch.Tensor:
         return self._perturb("gumbel", values, scale, rows, super().gumbel)

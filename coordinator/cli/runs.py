@@ -123,6 +123,13 @@ def train(
     raise typer.Exit(EXIT_CODES[summary.status])
 
 
+WorkersOpt = typer.Option(
+    1, "--workers", min=1,
+    help="Party A's processes (party_a.workers): W share each release's roots, with the same releases and "
+    "ledger as 1. Per-step extractors (mlp, pmp-gin, pmp-gcn).",
+)
+
+
 def demo(
     dataset: Optional[str] = DatasetOpt,
     extractor: Optional[str] = ExtractorOpt,
@@ -168,6 +175,7 @@ def demo(
     ),
     all_keys: bool = typer.Option(False, "--all", help="With --predict-out: score every key, not only B's unlabelled ones."),
     log_format: str = LogFormatOpt,
+    workers: int = WorkersOpt,
 ) -> None:
     """Start the three services on loopback, train, evaluate, report, shut down.
 
@@ -180,7 +188,7 @@ def demo(
     check_log_format(log_format)
     cfg = load_settings(config)
     overrides = run_overrides(**locals())
-    own = own_data(party_a_data, party_b_data)
+    own = own_data(party_a_data, party_b_data, workers)
     if predict_out is not None and prediction_passes is None:
         overrides["privacy.prediction_passes"] = 1  # reserved: free unless the extractor's evaluation is charged
     run, baseline = _demo_settings(cfg, overrides, extractor, label_privacy, baseline)
@@ -188,7 +196,7 @@ def demo(
     try:
         with LocalCluster(workdir.resolve(), log_format=log_format, **own) as cluster:
             console.print(f"accountant status: {cluster.status_url}/v1/runs", highlight=False)
-            if own:  # the run trains on the aligned dataset
+            if party_a_data is not None:  # the run trains on the aligned dataset
                 run = run.model_copy(update={"dataset": align_own_data(cluster)})
             summary = drive_run(cluster.party_a_address, run, console)
             if predict_out is not None and summary.status == "completed":
@@ -207,14 +215,16 @@ def demo(
 OWN = "own"  # the name both parties give their store in the demo's [datasets]
 
 
-def own_data(party_a_data: Path | None, party_b_data: Path | None) -> dict:
-    """LocalCluster's settings for the parties' own stores (none without them)."""
+def own_data(party_a_data: Path | None, party_b_data: Path | None, workers: int = 1) -> dict:
+    """LocalCluster's settings for the parties' own stores (none without them), and party A's
+    worker processes (``--workers``: party_a.workers)."""
     if (party_a_data is None) != (party_b_data is None):
         fail("your own data needs both stores: --party-a-data DIR and --party-b-data DIR")
+    processes = {"workers": workers} if workers > 1 else {}
     if party_a_data is None:
-        return {}
+        return {"party_a": processes} if processes else {}
     return {
-        "party_a": {"datasets": {OWN: str(party_a_data.resolve())}},
+        "party_a": {"datasets": {OWN: str(party_a_data.resolve())}, **processes},
         "party_b": {"datasets": {OWN: str(party_b_data.resolve())}},
     }
 

@@ -31,6 +31,11 @@ def serve(
         "text", "--log-format",
         help="text, or json: one JSON object per line on stderr (ts, level, logger, message, run_id).",
     ),
+    workers: Optional[int] = typer.Option(
+        None, "--workers", min=1,
+        help="party A only: W processes share each release's roots (party_a.workers; the same releases and ledger "
+        "as 1). Per-step extractors (mlp, pmp-gin, pmp-gcn).",
+    ),
 ) -> None:
     """Run party A, party B or the accountant until SIGINT/SIGTERM."""
     from vesper.common.log_format import LogSettingError, configure_logging
@@ -48,6 +53,10 @@ def serve(
         settings = {"party_a": PartyAConfig, "party_b": PartyBConfig, "accountant": AccountantConfig}[section]()
     if listen:
         settings = settings.model_copy(update={"listen": listen})
+    if workers is not None:
+        if service is not Service.party_a:
+            fail(f"--workers is party A's setting (party_a.workers), not {service.value}'s")
+        settings = settings.model_validate({**settings.model_dump(exclude_unset=True), "workers": workers})
     if settings.tls is not None:  # a missing or broken TLS file stops the service before it listens
         from vesper.common.tls import TlsError, load_material
 

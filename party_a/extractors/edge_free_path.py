@@ -102,6 +102,20 @@ class WithEdgeFreePath(nn.Module):
     def output_layers(self) -> int:
         return self.inner.output_layers + self.path.output_layers
 
+    @property
+    def setup(self) -> ExtractorSetup:
+        """The run's setup (the path shares it: the same secret generators)."""
+        return self.inner.setup
+
+    @property
+    def noise_std(self) -> float:
+        """The extractor's θ (the path adds no noise); set by party A's workers (party_a.workers)."""
+        return self.inner.noise_std
+
+    @noise_std.setter
+    def noise_std(self, value: float) -> None:
+        self.inner.noise_std = value
+
     def charge_plan(self, roots: RootPlan) -> ChargePlan:
         """The extractor's plan: the path reads no edge, so every rule stays as it is."""
         plan = self.inner.charge_plan(roots)

@@ -33,7 +33,7 @@ from vesper.common.config import ExtractorConfig
 from vesper.party_a.encoder import MlpEncoder
 from vesper.party_a.extractors.spectral_norm import normalised_weights, spectral_norm
 from vesper.party_a.keyed_dropout import DropoutKey
-from vesper.party_a.noise import NoiseSource
+from vesper.party_a.noise import NoiseKey, NoiseSource
 from vesper.party_a.sampler import Block, SampledSubgraph
 
 # torch warns once per process that sparse CSR is beta; _adjacency's use is tested against index_add_
@@ -213,12 +213,17 @@ class PmpExtractor(nn.Module):
         dtype = self.layers[0].self_weight.bias.dtype
         return [self._block_messages(block, capped_degree, dtype) for block in subgraph.blocks]
 
-    def perturb(self, aggregate: torch.Tensor, block: Block, noise_std: float, noise: NoiseSource | None) -> torch.Tensor:
+    def perturb(
+        self, aggregate: torch.Tensor, block: Block, noise_std: float, noise: NoiseSource | None,
+        noise_key: NoiseKey | None = None, layer: int = 0,
+    ) -> torch.Tensor:
         """ǎ_v = a_v + N(0, θ² I_d) for every destination v of the block [VESPER, eq. 34]: the
-        Gaussian mechanism, drawn from A's secret noise (party_a.noise); in place, a is fresh."""
+        Gaussian mechanism, drawn from A's secret noise (party_a.noise); in place, a is fresh.
+        With the release's ``noise_key``, v's noise in ``layer`` is keyed by (key, layer, v)
+        (party_a.noise.keyed_normal): the same wherever v is reached (docs/privacy.md, 2.6)."""
         if noise is None or noise_std == 0:
             return aggregate
-        return noise.gaussian(aggregate, noise_std, rows=block.dst_nodes)
+        return noise.gaussian(aggregate, noise_std, rows=block.dst_nodes, key=noise_key, layer=layer)
 
     @torch.no_grad()
     def noisy_aggregates(
@@ -231,6 +236,7 @@ class PmpExtractor(nn.Module):
         weights: list[LayerWeights] | None = None,
         messages: list[BlockMessages] | None = None,
         dropout_key: DropoutKey | None = None,
+        noise_key: NoiseKey | None = None,
     ) -> list[torch.Tensor | None]:
         """The mechanism: every read of the graph, each noised [VESPER, Alg. 1, steps 5-9].
 
@@ -240,8 +246,11 @@ class PmpExtractor(nn.Module):
         (``PmpLayer.weights``), read here without gradient; ``messages``: the blocks'
         messages (:meth:`messages`), built ahead; ``dropout_key``: the release's secret
         dropout key (party_a.keyed_dropout), so each node's mask is its own, wherever the
-        pass reaches it.
+        pass reaches it; ``noise_key``: the release's secret noise key (party_a.noise), drawn
+        here from ``noise`` when not given, so each node's noise is its own in every layer.
         """
+        if noise_key is None and noise is not None and noise_std > 0 and self.aggregates:
+            noise_key = noise.draw_key()
         num_roots = subgraph.roots.numel()
         inputs = subgraph.input_nodes
         h = self.encoder(features.index_select(0, inputs.to(features.device)), inputs, dropout_key)
@@ -251,7 +260,7 @@ class PmpExtractor(nn.Module):
             noisy = None
             if self.aggregates:
                 noisy = self.aggregate(block, h, capped_degree, None if messages is None else messages[index])
-                noisy = self.perturb(noisy, block, noise_std, noise)
+                noisy = self.perturb(noisy, block, noise_std, noise, noise_key, index)
             noisy_roots.append(None if noisy is None else noisy[:num_roots])
             if index < last:  # h^(L) of the pass is never read: the roots' chain recomputes it
                 h = layer(h[: block.dst_count], noisy, None if weights is None else weights[index])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -40,6 +41,8 @@ from vesper.party_a.run.release import Release, check_plan_fits, plan_release, w
 from vesper.party_a.run.secrets import SecretGenerators
 from vesper.party_a.run.step_loop import STEP_TIMINGS_FILE, StepLoop, TrainingPass
 from vesper.party_a.run.step_timings import StepTimings
+from vesper.party_a.workers import DistributedExtractor, WorkerGroup, check_supported
+from vesper.party_a.workers.protocol import WorkerSetup
 from vesper.proto.v1 import label_party_pb2 as lp_pb
 
 
@@ -55,9 +58,11 @@ class GraphPartyRun:
         cancelled: Callable[[], bool] = lambda: False,
         resume: dict | None = None,
         metrics: PartyAMetrics | None = None,
+        dataset_path: Path | None = None,
     ) -> None:
         """``resume``: the run's resume record (party_a.run.checkpoint_files), to continue it;
-        ``metrics``: the service's, where the run's steps and releases are counted."""
+        ``metrics``: the service's, where the run's steps and releases are counted;
+        ``dataset_path``: the file ``data`` was loaded from (needed by W > 1 workers, which map it)."""
         if resume is None:  # a resumed run has its settings, defaults applied, in its record
             try:
                 config, applied = with_run_defaults(config)
@@ -96,6 +101,8 @@ class GraphPartyRun:
         self.milestones = summaries.Milestones()
         self.summary = summaries.initial(self.run_id, config, self.delta, self.status_url)
         self.keeper: LeaseKeeper | None = None
+        self.dataset_path = dataset_path
+        self.workers: WorkerGroup | None = None  # party_a.workers > 1: the run's worker processes
 
     @property
     def epsilon_spent(self) -> float:
@@ -129,6 +136,7 @@ class GraphPartyRun:
         extractor = self._build_extractor()
         self.hooks.check(unwrapped(extractor))
         self.summary = summaries.with_extractor(self.summary, extractor, self.delta)
+        check_supported(cfg, self.settings.workers)  # before anything is charged (party_a.workers)
         self._hold_run()
         reply = self._open_session(
             self.run_id, extractor.output_layers, self.checkpoints.resume_step, edge_free_layers(extractor),
@@ -149,6 +157,7 @@ class GraphPartyRun:
         if cfg.label_privacy.mode == "pate":
             roots, eval_index, note = collect(self.ctx, roots, release, extractor, self.data.shared_nodes)
             self.summary = self.summary.model_copy(update={"label_note": note})
+        extractor, evaluator = self._distributed(extractor, evaluator)
         optimizer = self._train(roots, release, extractor)
         if evaluator is not extractor:
             evaluator.load_state_dict(extractor.state_dict())
@@ -170,6 +179,25 @@ class GraphPartyRun:
             noise_generator=self.generators.noise, delta=self.delta,
         )
         return build_extractor(cls, setup)
+
+    def _distributed(self, extractor: Extractor, evaluator: Extractor) -> tuple[Extractor, Extractor]:
+        """``party_a.workers`` > 1: the extractor that trains and evaluates (the same one: no audit
+        rebuilt it, check_supported), its releases split over worker processes started now, just
+        before the first release, each building the run's extractor from the secret generators as
+        they stood when rank 0 built it (party_a.workers). A failed start charged nothing."""
+        count = self.settings.workers
+        if count <= 1:
+            return extractor, evaluator
+        if self.dataset_path is None:
+            raise ValueError("party_a.workers > 1 needs the dataset's file, which this run was not given")
+        self.report(ProgressEvent("setup", message=f"starting {count - 1} worker processes (party_a.workers = {count})"))
+        setup = WorkerSetup(
+            run_config_json=self.config.model_dump_json(), dataset=self.dataset_path.resolve(),
+            device=str(self.ctx.device), delta=self.delta, torch_threads=self.settings.torch_threads,
+        )
+        self.workers = WorkerGroup.start(self.settings, setup, self.generators.initial, self.ctx.run_dir())
+        distributed = DistributedExtractor(extractor, self.workers)
+        return distributed, distributed  # type: ignore[return-value]
 
     def _hold_run(self) -> None:
         """A run has one trainer (accountant/leases.py): its lease first, before party B hears of the run."""
@@ -264,7 +292,7 @@ class GraphPartyRun:
             batches=getattr(extractor, "root_batches", shuffled_batches), on_step=self.hooks.on_step, start=start,
             checkpoint=lambda position: self.checkpoints.save(position, extractor, optimizer),
             prefetch=getattr(extractor, "prefetch", None) if self.settings.pipeline else None,
-            timings=self.step_timings,
+            timings=self.step_timings, backward=getattr(extractor, "backward", None),
         )).run()
         self.step_timings.save(self.ctx.run_dir() / STEP_TIMINGS_FILE)
         return optimizer
@@ -293,6 +321,8 @@ class GraphPartyRun:
         lost), B told how it ended, B's label ledger read back."""
         if self.keeper is not None:
             self.keeper.stop()
+        if self.workers is not None:
+            self.workers.close()
         done, summary = self.milestones, self.summary
         if done.run_created and not done.lost_accountant and not done.lost_lease:
             try:

@@ -61,6 +61,8 @@ class TrainingPass:
     prefetch: Callable[[torch.Tensor], None] | None = None
     timings: StepTimings | None = None
     edge_free: bool = False  # an extractor's edge-free stage: its releases read no edge
+    # back-propagates B's gradient through the release (party_a.workers: over every worker); None: in place
+    backward: Callable[[torch.Tensor, torch.Tensor], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -191,7 +193,10 @@ class StepLoop:
             spec.on_step(current.epoch, current.batch, gradient)
         if spec.optimizer is not None and embeddings.requires_grad:
             spec.optimizer.zero_grad(set_to_none=True)
-            embeddings.backward(gradient.to(self.ctx.device))
+            if spec.backward is not None:
+                spec.backward(embeddings, gradient.to(self.ctx.device))
+            else:
+                embeddings.backward(gradient.to(self.ctx.device))
             spec.optimizer.step()
         self.timer.mark("update")
         self.step += 1

@@ -1,0 +1,232 @@
+"""Rank 0's side of party A's worker group: start the workers, split each release, gather it,
+hand B's gradient back and sum the parameter gradients (the package docstring says why it is
+the release one process makes)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from vesper.common.config import PartyAConfig, RunConfig
+from vesper.party_a.extractors.base import Extractor
+from vesper.party_a.workers.errors import WorkerLost, WorkersUnsupported
+from vesper.party_a.workers.gradients import apply_gradients, flat_gradients
+from vesper.party_a.workers.protocol import (
+    PER_STEP_EXTRACTORS,
+    BackwardCommand,
+    Command,
+    ReleaseCommand,
+    StopCommand,
+    WorkerSetup,
+    cpu_state,
+    split_roots,
+)
+
+WORKERS_FILE = "workers.json"  # runs/<id>/workers.json: the worker processes' ids, for an operator
+_ONE_GROUP = threading.Lock()  # torch.distributed has one default group per process: one run at a time uses it
+
+
+def check_supported(config: RunConfig, workers: int) -> None:
+    """Refuse, before anything is charged, a run W > 1 workers cannot make (WorkersUnsupported)."""
+    if workers <= 1:
+        return
+    name = config.extractor.name
+    fix = "set party_a.workers = 1 (vesper serve party-a --workers 1)"
+    if name not in PER_STEP_EXTRACTORS:
+        raise WorkersUnsupported(
+            f"party_a.workers = {workers} supports the per-step extractors {', '.join(PER_STEP_EXTRACTORS)}, "
+            f"not {name} (its one-shot releases are not split over workers); {fix}; nothing was charged"
+        )
+    audits = [what for what, on in (("canaries", config.audit.canaries), ("membership", config.audit.membership)) if on]
+    if audits:
+        raise WorkersUnsupported(
+            f"party_a.workers = {workers} cannot run the audit {' and '.join(audits)} (it rebuilds A's graph in "
+            f"rank 0 only); {fix}; nothing was charged"
+        )
+    if config.label_privacy.mode == "pate":
+        raise WorkersUnsupported(
+            f"party_a.workers = {workers} does not support label_privacy.mode = pate; {fix}; nothing was charged"
+        )
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class WorkerGroup:
+    """Rank 0 and W-1 worker processes, for one run."""
+
+    def __init__(self, world: int, processes: list[subprocess.Popen], timeout_s: float) -> None:
+        self.world = world
+        self.processes = processes
+        self.timeout_s = timeout_s
+        self.healthy = True
+        self.closed = False
+        self._changed = True  # the parameters changed since the workers last received them
+
+    # -- starting and stopping ------------------------------------------------------------------
+    @classmethod
+    def start(
+        cls, settings: PartyAConfig, setup: WorkerSetup, states: tuple[torch.Tensor, torch.Tensor],
+        run_dir: Path | None = None,
+    ) -> WorkerGroup:
+        """Start W-1 workers on this host (or wait for them at ``party_a.workers_listen``), join them,
+        and have each build the run's extractor from the generators' ``states`` at rank 0's build."""
+        world = settings.workers
+        if not _ONE_GROUP.acquire(blocking=False):
+            raise WorkersUnsupported(
+                f"another run of this party A is using its {world} worker processes; start this run when it "
+                "has ended, or set party_a.workers = 1; nothing was charged"
+            )
+        processes: list[subprocess.Popen] = []
+        try:
+            # the longest a worker waits for the next command: B's answer, a charge's retries, a checkpoint
+            timeout = settings.step_timeout_s + settings.peer_retry_s + 60.0
+            if settings.workers_listen:
+                init = f"tcp://{settings.workers_listen}"
+            else:
+                init = f"tcp://127.0.0.1:{free_port()}"
+                processes = [
+                    subprocess.Popen([
+                        sys.executable, "-m", "vesper.party_a.workers", "--init", init, "--rank", str(rank),
+                        "--world", str(world), "--timeout-s", str(timeout),
+                    ])
+                    for rank in range(1, world)
+                ]
+            if run_dir is not None:
+                (run_dir / WORKERS_FILE).write_text(json.dumps({"pids": [p.pid for p in processes]}) + "\n")
+            group = cls(world, processes, timeout)
+            with group._lost("joining the group"):
+                dist.init_process_group("gloo", init_method=init, rank=0, world_size=world, timeout=timedelta(seconds=timeout))
+            with group._lost("setting the workers up"):
+                dist.broadcast_object_list([setup.model_dump_json(), states], src=0)
+                problems: list[Any] = [None] * world
+                dist.gather_object("", problems, dst=0)
+            failed = [f"worker {rank}: {problem}" for rank, problem in enumerate(problems) if problem]
+            if failed:
+                group.healthy = False
+                raise WorkersUnsupported(f"party A's workers could not build the run's extractor ({'; '.join(failed)})")
+            return group
+        except BaseException:
+            _stop_processes(processes)
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            _ONE_GROUP.release()
+            raise
+
+    def close(self) -> None:
+        """Stop the workers (asked, then terminated) and leave the group; safe to call twice."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if self.healthy:
+                try:
+                    self._send(StopCommand())
+                except WorkerLost:
+                    pass
+            _stop_processes(self.processes, wait_s=10.0 if self.healthy else 0.0)
+        finally:
+            dist.destroy_process_group()
+            _ONE_GROUP.release()
+
+    # -- one release ----------------------------------------------------------------------------
+    def release(self, extractor: Extractor, roots: torch.Tensor, kind: str) -> torch.Tensor:
+        """The release of ``roots``: share 0 here, the others at the workers, in root order."""
+        setup = extractor.setup  # type: ignore[attr-defined]
+        shares = split_roots(roots.detach().cpu(), self.world)
+        training = bool(extractor.training)  # type: ignore[attr-defined]
+        parameters = cpu_state(extractor.state_dict()) if self._changed or training else None
+        self._send(ReleaseCommand(
+            kind=kind, training=training, noise_std=float(extractor.noise_std),  # type: ignore[attr-defined]
+            shares=shares, sampling_state=setup.sampling_generator.get_state(),
+            noise_state=setup.noise.generator.get_state(), parameters=parameters,
+        ))
+        self._changed = False
+        own = extractor.release(shares[0].to(setup.device), kind)  # type: ignore[arg-type]
+        gathered: list[Any] = [None] * self.world
+        with self._lost(f"the {kind} release"):
+            dist.gather_object(None, gathered, dst=0)
+        rows = [own] + [part.to(own.device, own.dtype) for part in gathered[1:] if part is not None]
+        return torch.cat(rows) if len(rows) > 1 else own
+
+    def backward(self, extractor: Extractor, embeddings: torch.Tensor, gradient: torch.Tensor) -> None:
+        """B's gradient: rank 0's rows here (through the concatenation), the others at their workers;
+        the parameter gradients summed into rank 0's, which then steps the optimiser."""
+        self._send(BackwardCommand(gradient.detach().cpu()))
+        embeddings.backward(gradient.to(embeddings.device))
+        parameters = extractor.trainable_parameters()
+        flat = flat_gradients(parameters)
+        with self._lost("summing the gradients"):
+            dist.reduce(flat, dst=0, op=dist.ReduceOp.SUM)
+        apply_gradients(parameters, flat)
+        self._changed = True
+
+    # -- faults ---------------------------------------------------------------------------------
+    def _send(self, command: Command) -> None:
+        """Every command starts with a look at the workers this rank started: one that has exited is
+        reported now, not when a collective waiting for it gives up (the group's timeout)."""
+        with self._lost(f"sending a {command.op} command"):
+            if any(process.poll() is not None for process in self.processes):
+                raise RuntimeError("a worker process has exited")
+            dist.broadcast_object_list([command], src=0)
+
+    @contextmanager
+    def _lost(self, doing: str) -> Iterator[None]:
+        try:
+            yield
+        except (RuntimeError, dist.DistError) as exc:
+            self.healthy = False
+            gone = [f"worker {rank} (pid {p.pid}) exited with {p.poll()}" for rank, p in enumerate(self.processes, 1) if p.poll() is not None]
+            who = "; ".join(gone) if gone else f"a worker did not answer within {self.timeout_s:g} s"
+            raise WorkerLost(f"party A lost a worker process while {doing} ({who}; {str(exc).splitlines()[0]})") from None
+
+
+def _stop_processes(processes: list[subprocess.Popen], wait_s: float = 0.0) -> None:
+    """Let the workers exit for ``wait_s``, then terminate those still running (each by its own handle)."""
+    for process in processes:
+        try:
+            process.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            pass
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+class DistributedExtractor:
+    """The run's extractor, its releases split over the worker group; everything else is the
+    extractor's own (parameters, state, checkpoints). No prefetch: the workers sample each
+    release from the generators' state at its start (party_a.pipeline is off with W > 1)."""
+
+    prefetch: Callable[[torch.Tensor], None] | None = None
+
+    def __init__(self, extractor: Extractor, group: WorkerGroup) -> None:
+        self.inner = extractor
+        self.group = group
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def release(self, roots: torch.Tensor, kind: str) -> torch.Tensor:
+        return self.group.release(self.inner, roots, kind)
+
+    def backward(self, embeddings: torch.Tensor, gradient: torch.Tensor) -> None:
+        self.group.backward(self.inner, embeddings, gradient)

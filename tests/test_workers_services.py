@@ -1,0 +1,95 @@
+"""Party A with W = 2 worker processes through the real services (issue #25, item 1): the ledger
+of a W = 2 run has the rows and ε of the same run with W = 1, and a killed worker interrupts the
+run cleanly (nothing charged twice) and `vesper train --resume` completes it with that ledger."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from fault_drill import QUIET, ledger_rows, received_steps
+
+from vesper.common.config import RunConfig, RunSummary
+from vesper.coordinator.processes import LocalCluster
+from vesper.coordinator.run_client import RunClientError, drive_run
+from vesper.party_a.workers.group import WORKERS_FILE
+
+pytestmark = pytest.mark.slow
+
+# 1354 Cora training nodes in batches of 128: 11 steps, a checkpoint every 4; dropout and noise on
+RUN = RunConfig.model_validate({
+    "dataset": "cora", "epochs": 1, "batch_size": 128, "privacy": {"epsilon": 8},
+    "extractor": {"name": "pmp-gcn", "dim": 32, "encoder_hidden": 64},
+})
+SETTINGS = {"secret_seed": 5, "checkpoint_every": 4, "peer_retry_s": 30.0, "step_timeout_s": 30.0}
+
+
+def cluster(workdir: Path, workers: int) -> LocalCluster:
+    return LocalCluster(
+        workdir, party_a={**SETTINGS, "workers": workers}, party_b={"receipt_log": str(workdir / "receipts.jsonl")},
+    )
+
+
+@pytest.fixture(scope="module")
+def one_worker(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunSummary, list[tuple]]:
+    with cluster(tmp_path_factory.mktemp("one"), 1) as services:
+        summary = drive_run(services.party_a_address, RUN, QUIET)
+        return summary, ledger_rows(services.status_url, summary.run_id)
+
+
+def without_run_names(rows: list[tuple]) -> list[tuple]:
+    return [row[:-2] + (round(row[-2], 9), row[-1]) for row in rows]
+
+
+def test_two_workers_charge_the_ledger_of_one(one_worker, tmp_path: Path) -> None:
+    single, single_rows = one_worker
+    with cluster(tmp_path, 2) as services:
+        summary = drive_run(services.party_a_address, RUN, QUIET)
+        rows = ledger_rows(services.status_url, summary.run_id)
+    assert single.status == summary.status == "completed", summary.message
+    assert len(rows) == len(single_rows) > 11
+    assert without_run_names(rows) == without_run_names(single_rows)
+    assert summary.epsilon_spent == pytest.approx(single.epsilon_spent, rel=1e-9)
+    # the same model to float rounding: the parties' metrics agree
+    assert summary.test_metric.value == pytest.approx(single.test_metric.value, abs=0.02)
+
+
+def test_a_killed_worker_interrupts_the_run_and_a_resume_completes_it(one_worker, tmp_path: Path) -> None:
+    single, single_rows = one_worker
+    with cluster(tmp_path, 2) as services:
+        outcome: dict = {}
+
+        def run() -> None:
+            try:
+                outcome["summary"] = drive_run(services.party_a_address, RUN, QUIET)
+            except RunClientError as exc:
+                outcome["error"] = str(exc)
+
+        runner = threading.Thread(target=run)
+        runner.start()
+        runs = services.workdir / "party_a" / "runs"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not list(runs.glob(f"*/{WORKERS_FILE}")):
+            time.sleep(0.05)
+        (pids_file,) = list(runs.glob(f"*/{WORKERS_FILE}"))
+        run_id = pids_file.parent.name
+        while time.monotonic() < deadline and len(received_steps(services, run_id)) < 6:
+            time.sleep(0.01)
+        (pid,) = json.loads(pids_file.read_text())["pids"]
+        os.kill(pid, signal.SIGKILL)
+        runner.join(timeout=180)
+        first = outcome.get("summary")
+        assert first is not None, outcome.get("error")
+        assert first.status == "interrupted" and "lost a worker process" in first.message, first.message
+        assert "--resume" in first.message
+        final = drive_run(services.party_a_address, None, QUIET, resume_run_id=run_id)
+        rows = ledger_rows(services.status_url, run_id)
+    assert final.status == "completed", final.message
+    # every release charged once: the resumed run's ledger is the uninterrupted one-worker run's
+    assert without_run_names(rows) == without_run_names(single_rows)
+    assert final.epsilon_spent == pytest.approx(single.epsilon_spent, rel=1e-9)
