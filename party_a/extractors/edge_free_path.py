@@ -52,6 +52,7 @@ def wants_path(cls: type[Extractor], setup: ExtractorSetup) -> bool:
     return (
         config.extractor.edge_free_path and not config.audit.canaries
         and spec.privacy_unit == "edge" and spec.cost_model != "none"
+        and issubclass(cls, nn.Module)  # the wrapper holds it as a submodule (a plugin need not be one)
     )
 
 
@@ -90,8 +91,6 @@ class WithEdgeFreePath(nn.Module):
 
     def __init__(self, inner: Extractor, path: MlpPlugin) -> None:
         super().__init__()
-        if not isinstance(inner, nn.Module):
-            raise TypeError(f"{inner.spec.name}: the edge-free path wraps nn.Module extractors only")
         self.inner = inner
         self.path = path
         self.spec = inner.spec
