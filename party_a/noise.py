@@ -88,8 +88,11 @@ def keyed_normal(key: NoiseKey, layer: int, rows: torch.Tensor, width: int) -> t
 class NoiseSource:
     """A's noise, drawn from A's secret generator (on A's device)."""
 
-    def __init__(self, generator: torch.Generator) -> None:
+    def __init__(self, generator: torch.Generator, keyed: bool = False) -> None:
         self.generator = generator
+        # whether per-node mechanisms key their noise (party A's workers need it: docs/privacy.md
+        # 2.6); one process streams it, about five times cheaper per value
+        self.keyed = keyed
 
     def draw_key(self) -> NoiseKey:
         """A fresh release's noise key (:func:`draw_noise_key`) from A's secret noise generator."""

@@ -21,7 +21,7 @@ from vesper.common.config import ExtractorConfig
 from vesper.party_a.extractors.pmp import PmpExtractor
 from vesper.party_a.graph_store import Graph, build_graph
 from vesper.party_a.keyed_dropout import draw_dropout_key
-from vesper.party_a.noise import NoiseSource, draw_noise_key, keyed_normal
+from vesper.party_a.noise import NoiseSource
 from vesper.party_a.sampler import Block, NeighbourSampler, SampledSubgraph, pair_keys
 
 # -- the reference implementations (the sampler as defined, by brute force; pmp.py before issue #9) --
@@ -87,16 +87,15 @@ def reference_gcn_aggregate(block: Block, h_src: torch.Tensor, capped_degree: to
 
 
 def reference_noisy_aggregates(model: PmpExtractor, subgraph, features, noise_std, generator, capped_degree):
-    """Layer by layer with gathered messages; every node's noise keyed by the release's key (party_a.noise)."""
+    """Layer by layer with gathered messages; the noise streamed from A's generator (one process)."""
     h = model.encoder(features[subgraph.input_nodes])
     noisy_roots = []
-    key = draw_noise_key(generator)
-    for index, (layer, block) in enumerate(zip(model.layers, subgraph.blocks)):
+    for layer, block in zip(model.layers, subgraph.blocks):
         if model.name == "pmp-gin":
             noisy = reference_gin_aggregate(block, h)
         else:
             noisy = reference_gcn_aggregate(block, h, capped_degree, model.d_min)
-        noisy = noisy + noise_std * keyed_normal(key, index, block.dst_nodes, noisy.shape[1]).to(noisy.dtype)
+        noisy = noisy + noise_std * torch.randn(noisy.shape, generator=generator, dtype=noisy.dtype)
         h = layer(h[: block.dst_count], noisy)
         noisy_roots.append(noisy[: subgraph.roots.numel()])
     return noisy_roots

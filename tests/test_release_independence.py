@@ -100,11 +100,13 @@ def pairs(unit: str) -> dict[str, tuple[World, World]]:
     }
 
 
-def violations(cls: type[Extractor], name: str | None = None, config: RunConfig | None = None) -> dict[str, list[str]]:
+def violations(
+    cls: type[Extractor], name: str | None = None, config: RunConfig | None = None, keyed: bool = False,
+) -> dict[str, list[str]]:
     config = config or config_for(name or cls.spec.name)
     found = {}
     for label, pair in pairs(cls.spec.privacy_unit).items():
-        on_g, on_g_prime = neighbouring_runs(cls, config, pair, ROOTS)
+        on_g, on_g_prime = neighbouring_runs(cls, config, pair, ROOTS, keyed)
         problems = differences(on_g, on_g_prime, check_sensitivity=cls.spec.privacy_unit == "edge")
         if problems:
             found[label] = problems
@@ -128,6 +130,16 @@ def test_a_secret_edge_sample_keeps_the_whole_release_coupled(name: str) -> None
         "extractor": config.extractor.model_copy(update={"layers": 1}),
     })
     assert violations(PmpGinPlugin if name == "pmp-gin" else PmpGcnPlugin, name, config) == {}
+
+
+@pytest.mark.parametrize("plugin", [PmpGinPlugin, PmpGcnPlugin], ids=["pmp-gin", "pmp-gcn"])
+def test_keyed_noise_keeps_the_whole_release_coupled(plugin) -> None:
+    """party_a.workers > 1: each node's noise keyed by (release key, layer, node) (docs/privacy.md 2.6)."""
+    assert violations(plugin, keyed=True) == {}
+    pair = pairs("edge")["root to hub"]
+    keyed, _ = neighbouring_runs(plugin, config_for(plugin.spec.name), pair, ROOTS, keyed=True)
+    streamed, _ = neighbouring_runs(plugin, config_for(plugin.spec.name), pair, ROOTS, keyed=False)
+    assert keyed.wires != streamed.wires  # the keyed form was the one run
 
 
 def test_every_built_in_extractor_is_covered() -> None:

@@ -55,6 +55,7 @@ def build(config: RunConfig, path: Path, seed: int = 9):
     extractor = build_extractor(plugin, ExtractorSetup(  # as party A builds it: with its edge-free path
         config=config, params=plugin.spec.params(), graph=data.graph, features=data.features,
         device=torch.device("cpu"), sampling_generator=sampling, noise_generator=noise, delta=1e-6,
+        keyed_noise=True,  # as party A builds a run's extractors when party_a.workers > 1
     ))
     extractor.noise_std = 0.7
     return extractor, initial

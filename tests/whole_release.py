@@ -113,8 +113,10 @@ class MechanismCall:
 class RecordingNoise(NoiseSource):
     """A's NoiseSource that records every call; given G's calls, it substitutes their outputs."""
 
-    def __init__(self, generator: torch.Generator, reference: list[MechanismCall] | None = None) -> None:
-        super().__init__(generator)
+    def __init__(
+        self, generator: torch.Generator, reference: list[MechanismCall] | None = None, keyed: bool = False,
+    ) -> None:
+        super().__init__(generator, keyed=keyed)
         self.reference = reference
         self.calls: list[MechanismCall] = []
         self.problems: list[str] = []
@@ -380,12 +382,14 @@ def differences(g: Observed, g_prime: Observed, *, check_sensitivity: bool) -> l
 
 
 def neighbouring_runs(
-    cls: type[Extractor], config: RunConfig, pair: tuple[World, World], roots: RootPlan,
+    cls: type[Extractor], config: RunConfig, pair: tuple[World, World], roots: RootPlan, keyed: bool = False,
 ) -> tuple[Observed, Observed]:
-    """The run on G (recording) and on G' (the same secret seeds, G's mechanism outputs substituted)."""
-    on_g = run_world(cls, config, pair[0], roots, RecordingNoise(torch.Generator().manual_seed(NOISE_SEED)))
+    """The run on G (recording) and on G' (the same secret seeds, G's mechanism outputs substituted);
+    ``keyed``: per-node noise keyed as party A's workers draw it (docs/privacy.md 2.6)."""
+    on_g = run_world(cls, config, pair[0], roots, RecordingNoise(torch.Generator().manual_seed(NOISE_SEED), keyed=keyed))
     on_g_prime = run_world(
-        cls, config, pair[1], roots, RecordingNoise(torch.Generator().manual_seed(NOISE_SEED), reference=on_g.calls),
+        cls, config, pair[1], roots,
+        RecordingNoise(torch.Generator().manual_seed(NOISE_SEED), reference=on_g.calls, keyed=keyed),
     )
     return on_g, on_g_prime
 

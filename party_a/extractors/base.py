@@ -161,10 +161,13 @@ class ExtractorSetup:
     delta: float
     # every mechanism's noise is drawn through it (party_a.noise); default: from noise_generator
     noise: NoiseSource | None = None
+    # per-node noise keyed by (release, layer, node) instead of streamed: what party A's workers
+    # need (party_a.workers, docs/privacy.md 2.6); the default noise source's setting
+    keyed_noise: bool = False
 
     def __post_init__(self) -> None:
         if self.noise is None:
-            object.__setattr__(self, "noise", NoiseSource(self.noise_generator))
+            object.__setattr__(self, "noise", NoiseSource(self.noise_generator, keyed=self.keyed_noise))
 
 
 class PrepareSession(Protocol):

@@ -247,9 +247,10 @@ class PmpExtractor(nn.Module):
         messages (:meth:`messages`), built ahead; ``dropout_key``: the release's secret
         dropout key (party_a.keyed_dropout), so each node's mask is its own, wherever the
         pass reaches it; ``noise_key``: the release's secret noise key (party_a.noise), drawn
-        here from ``noise`` when not given, so each node's noise is its own in every layer.
+        here when not given and ``noise`` is keyed (party A's workers), so each node's noise is
+        its own in every layer; otherwise the noise is streamed from ``noise``'s generator.
         """
-        if noise_key is None and noise is not None and noise_std > 0 and self.aggregates:
+        if noise_key is None and noise is not None and noise.keyed and noise_std > 0 and self.aggregates:
             noise_key = noise.draw_key()
         num_roots = subgraph.roots.numel()
         inputs = subgraph.input_nodes

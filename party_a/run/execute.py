@@ -41,7 +41,7 @@ from vesper.party_a.run.release import Release, check_plan_fits, plan_release, w
 from vesper.party_a.run.secrets import SecretGenerators
 from vesper.party_a.run.step_loop import STEP_TIMINGS_FILE, StepLoop, TrainingPass
 from vesper.party_a.run.step_timings import StepTimings
-from vesper.party_a.workers import DistributedExtractor, WorkerGroup, check_supported
+from vesper.party_a.workers import DistributedExtractor, WorkerGroup, WorkersUnsupported, check_supported
 from vesper.party_a.workers.protocol import WorkerSetup
 from vesper.proto.v1 import label_party_pb2 as lp_pb
 
@@ -86,6 +86,9 @@ class GraphPartyRun:
         self.delta = resume["delta"] if resume else config.privacy.delta
         self.status_url = f"{settings.accountant_status_url.rstrip('/')}/v1/runs/{self.run_id}"
         device = data.features.device
+        # W > 1 workers need each node's noise keyed (docs/privacy.md 2.6); one process streams it,
+        # cheaper; a resumed run keeps the form it began with (its releases are replayed)
+        self.keyed_noise = bool(resume.get("keyed_noise", False)) if resume else settings.workers > 1
         self.generators = SecretGenerators(settings, config.seed, device, resume)
         run_dir = settings.workdir / "runs" / self.run_id
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -137,6 +140,12 @@ class GraphPartyRun:
         self.hooks.check(unwrapped(extractor))
         self.summary = summaries.with_extractor(self.summary, extractor, self.delta)
         check_supported(cfg, self.settings.workers)  # before anything is charged (party_a.workers)
+        if self.settings.workers > 1 and not self.keyed_noise:
+            raise WorkersUnsupported(
+                f"run {self.run_id} began in one process, with its noise streamed, not keyed per node: its "
+                "releases cannot be split over workers (docs/privacy.md 2.6); resume it with "
+                "party_a.workers = 1 (vesper serve party-a --workers 1); nothing was charged"
+            )
         self._hold_run()
         reply = self._open_session(
             self.run_id, extractor.output_layers, self.checkpoints.resume_step, edge_free_layers(extractor),
@@ -176,7 +185,7 @@ class GraphPartyRun:
         setup = ExtractorSetup(
             config=self.config, params=params, graph=self.data.graph if graph is None else graph,
             features=self.data.features, device=self.ctx.device, sampling_generator=self.generators.sampling,
-            noise_generator=self.generators.noise, delta=self.delta,
+            noise_generator=self.generators.noise, delta=self.delta, keyed_noise=self.keyed_noise,
         )
         return build_extractor(cls, setup)
 

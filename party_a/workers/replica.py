@@ -44,7 +44,7 @@ class Replica:
         plugin = lookup(config.extractor.name)
         extractor = build_extractor(plugin, ExtractorSetup(
             config=config, params=validated_params(plugin.spec, config), graph=data.graph, features=data.features,
-            device=device, sampling_generator=sampling, noise_generator=noise, delta=setup.delta,
+            device=device, sampling_generator=sampling, noise_generator=noise, delta=setup.delta, keyed_noise=True,
         ))
         return cls(extractor, rank)
 
