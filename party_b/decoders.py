@@ -35,18 +35,23 @@ class GruDecoder(nn.Module):
         return self.head(last[-1])
 
 
-HEADS = ("graph", "edge-free")  # FallbackDecoder's heads, in the order of its ``choice``
+# FallbackDecoder's heads, in the order of its ``choice`` and, on a tie, of preference (the simplest first)
+HEADS = ("edge-free", "graph", "combined")
 
 
 class FallbackDecoder(nn.Module):
-    """Two heads over a release whose last ``edge_free`` slices read no edge (A's edge-free path,
-    party_a.extractors.edge_free_path): ``graph`` over every slice, ``edge-free`` over those alone.
+    """Three heads over a release whose last ``edge_free`` slices read no edge (A's edge-free path,
+    party_a.extractors.edge_free_path):
 
-    Both are trained every step, on the sum of their losses. The edge-free head's slices reach
-    the graph head detached, so A's edge-free layers learn only from the edge-free head: together
-    they are the MLP baseline (A's ``mlp`` extractor and this decoder kind), trained as it would be.
-    After training, B keeps the head that scores better on its validation nodes (``choose``);
-    ``forward`` then returns that head's logits (the graph head's until a choice is made).
+    * ``graph``: the extractor's slices alone, the decoder the extractor had without the path;
+    * ``edge-free``: the path's slices alone, the MLP baseline's decoder;
+    * ``combined``: every slice, read detached (it trains nothing at A).
+
+    All three are trained every step, on the sum of their losses. A's extractor learns from the
+    graph head's gradient and A's edge-free layers from the edge-free head's, each exactly as it
+    would without the other; the combined head is B-side post-processing of both. After training
+    B keeps the head that scores best on its validation nodes (``choose``); ``forward`` then
+    returns that head's logits (the graph head's until a choice is made).
     """
 
     def __init__(self, config: DecoderConfig, dim: int, layers: int, edge_free: int, classes: int) -> None:
@@ -56,15 +61,18 @@ class FallbackDecoder(nn.Module):
         self.edge_free_layers = edge_free
         # the edge-free head first: under B's seed it starts as the MLP baseline's decoder would
         self.edge_free = build_decoder(config, dim, edge_free, classes)
-        self.graph = build_decoder(config, dim, layers, classes)
-        # 0: graph, 1: edge-free (HEADS); a buffer, so a saved decoder serves with the head B chose
-        self.register_buffer("choice", torch.zeros((), dtype=torch.int64))
+        self.graph = build_decoder(config, dim, layers - edge_free, classes)
+        self.combined = build_decoder(config, dim, layers, classes)
+        # an index into HEADS; a buffer, so a saved decoder serves with the head B chose
+        self.register_buffer("choice", torch.tensor(HEADS.index("graph"), dtype=torch.int64))
 
-    def heads(self, embeddings: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(graph head's logits, edge-free head's logits) of B x d x L embeddings."""
-        free = embeddings[..., -self.edge_free_layers:]
-        graph_input = torch.cat([embeddings[..., : -self.edge_free_layers], free.detach()], dim=-1)
-        return self.graph(graph_input), self.edge_free(free)
+    def heads(self, embeddings: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each head's logits of B x d x L embeddings, in the order of HEADS."""
+        split = embeddings.shape[-1] - self.edge_free_layers
+        return (
+            self.edge_free(embeddings[..., split:]), self.graph(embeddings[..., :split]),
+            self.combined(embeddings.detach()),
+        )
 
     def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
         return self.heads(embeddings)[int(self.choice)]

@@ -110,15 +110,16 @@ class LabelSession:
         received = embeddings.detach().to(self.device).requires_grad_(True)
         targets = self.guard.train_labels[node_ids].to(self.device)
         # with an edge-free path both heads learn, each from its own loss (party_b.decoders.FallbackDecoder)
-        loss = sum(F.cross_entropy(logits, targets) for logits in self.head_logits(received).values())
+        losses = [F.cross_entropy(logits, targets) for logits in self.head_logits(received).values()]
+        loss = sum(losses)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
         self.next_step += 1
-        return received.grad.detach(), float(loss.detach())
+        return received.grad.detach(), float(loss.detach()) / len(losses)  # reported: the heads' mean
 
     def head_logits(self, embeddings: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Each head's logits: ``graph`` and ``edge-free`` with an edge-free path, else ``model``."""
+        """Each head's logits: those of HEADS with an edge-free path, else ``model``."""
         if isinstance(self.decoder, FallbackDecoder):
             return dict(zip(HEADS, self.decoder.heads(embeddings), strict=True))
         return {"model": self.decoder(embeddings)}
@@ -127,8 +128,8 @@ class LabelSession:
     def evaluate(self, scores: dict[str, SplitScores]) -> Evaluation:
         """(split, metric name, value, number of nodes) for each split A sent, of the model B keeps.
 
-        With an edge-free path B keeps the head with the better validation metric (the
-        edge-free one on a tie: it is the simpler model), and serves predictions with it.
+        With an edge-free path B keeps the head with the best validation metric (on a tie the
+        first in HEADS: the simplest), and serves predictions with it.
         """
         per_head: dict[str, list[tuple[str, str, float, int]]] = {}
         for split, collected in scores.items():
@@ -140,9 +141,9 @@ class LabelSession:
         if not isinstance(self.decoder, FallbackDecoder):
             return Evaluation(per_head.get("model", []))
         validation = {head: {r[0]: r[2] for r in rows}.get("val") for head, rows in per_head.items()}
-        graph, free = validation.get("graph"), validation.get("edge-free")
-        # without validation nodes in the pass there is nothing to choose by: the graph head, as before
-        chosen = "edge-free" if graph is not None and free is not None and free >= graph else "graph"
+        chosen = "graph"  # without validation nodes in the pass there is nothing to choose by
+        if all(value is not None for value in validation.values()):
+            chosen = max(HEADS, key=lambda head: (validation[head], -HEADS.index(head)))
         self.decoder.choose(chosen)
         return Evaluation(per_head[chosen], chosen, per_head)
 
