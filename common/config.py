@@ -67,8 +67,8 @@ class ExtractorConfig(_Model):
     edge_free_path: bool = Field(
         True,
         description="an edge-level extractor's releases also carry the MLP extractor's edge-free layers, "
-        "trained end to end with B, and B keeps whichever of its two heads (all layers, or the edge-free "
-        "ones alone) scores better on its validation nodes: a graph extractor then never does worse than "
+        "trained end to end with B, and B keeps whichever of its three heads (the extractor's layers, the "
+        "edge-free ones, or all) scores best on its validation nodes: a graph extractor then never does worse than "
         "not reading the graph (docs/privacy.md, section 2.5). Free under edge-level DP; false = the "
         "extractor's own layers only",
     )
@@ -566,7 +566,7 @@ class RunSummary(Report):
     test_metric: Metric | None = None
     val_metric: Metric | None = None
     decoder_head: str = Field(
-        "", description="with an edge-free path: the head B kept by its validation metric, graph or edge-free",
+        "", description="with an edge-free path: the head B kept by its validation metric: graph, edge-free or combined",
     )
     head_metrics: dict[str, Metric] = Field(
         default_factory=dict, description="with an edge-free path: each head's metrics, keyed '<split>@<head>'",

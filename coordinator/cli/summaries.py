@@ -105,8 +105,11 @@ def write_json(path: Path | None, summary: RunSummary) -> None:
 
 
 def head_line(s: RunSummary) -> str:
-    """Which of B's two heads the run kept, and why (the edge-free path, docs/utility.md section 7)."""
-    val = {head: s.head_metrics.get(f"val@{head}") for head in ("graph", "edge-free")}
+    """Which of B's three heads the run kept, and why (the edge-free path, docs/utility.md section 7)."""
+    val = {head: s.head_metrics.get(f"val@{head}") for head in ("graph", "edge-free", "combined")}
     scores = ", ".join(f"{head} {m.value:.4f}" for head, m in val.items() if m is not None)
-    kept = "the graph head (every slice)" if s.decoder_head == "graph" else "the edge-free head (the MLP's slices alone)"
+    kept = {
+        "graph": "the graph head (the extractor's slices)", "edge-free": "the edge-free head (the MLP's slices)",
+        "combined": "the combined head (every slice)",
+    }.get(s.decoder_head, s.decoder_head)
     return f"B kept {kept}: validation {scores}"

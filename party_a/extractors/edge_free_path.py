@@ -10,9 +10,9 @@ releases the release of the ``mlp`` extractor built from the same run config::
 
 The MLP reads no edge, so the appended slices cost nothing under edge-level DP and are
 trained end to end with B every step (A's optimiser updates both parts from B's gradient).
-Party B builds two heads (party_b.decoders.FallbackDecoder): one over every slice, one over
-the last ``L_f`` alone (exactly the MLP baseline's decoder), trains them together and keeps
-the one that scores better on its validation nodes. The charge plan is the extractor's own:
+Party B builds three heads (party_b.decoders.FallbackDecoder): one over the extractor's
+slices, one over the last ``L_f`` alone (exactly the MLP baseline's decoder) and one over all,
+trains them together and keeps the one that scores best on its validation nodes. The charge plan is the extractor's own:
 the appended part is a function of A's features, A's parameters (updated only from B's
 gradients of charged releases) and dropout masks keyed like every other (docs/privacy.md,
 section 2.5). The whole-release test runs every registered extractor through
