@@ -190,3 +190,18 @@ def test_a_run_recorded_before_the_path_resumes_and_predicts_without_it() -> Non
     old = {**new, "extractor": {k: v for k, v in new["extractor"].items() if k != "edge_free_path"}}
     assert recorded_run_config(old).extractor.edge_free_path is False
     assert "edge_free_path" not in old["extractor"]  # the record itself is left as it is
+
+
+def test_the_run_line_says_which_head_b_kept_and_why() -> None:
+    from vesper.common.config import Metric, RunSummary
+    from vesper.coordinator.cli.summaries import head_line
+
+    summary = RunSummary(
+        run_id="r", status="completed", dataset="cora", extractor="gap", decoder="concat", accounting="visible-batch",
+        epsilon_budget=4.0, epsilon_spent=4.0, delta=1e-6, decoder_head="edge-free",
+        head_metrics={f"val@{h}": Metric(name="accuracy", value=v) for h, v in
+                      (("graph", 0.70), ("edge-free", 0.75), ("combined", 0.72))},
+    )
+    assert head_line(summary) == (
+        "B kept the edge-free head (the MLP's slices): validation graph 0.7000, edge-free 0.7500, combined 0.7200"
+    )
