@@ -110,7 +110,7 @@ def markdown(found: Sequence[DegradationCell], options: UtilityOptions, datasets
         "metric's mean ± std over seeds (n; p of Welch's one-sided test that the MLP's mean is above it; how "
         "many runs party B kept each of its heads: graph = the extractor's slices, edge-free = the MLP's, "
         f"combined = all). **below**: p < {SIGNIFICANCE:g}. visible-batch, concat "
-        f"decoder, {options.base.epochs} epochs unless the extractor declares its own (GAP and relational-gap: 20; "
+        f"decoder, {options.base.epochs} epochs unless the extractor declares its own (GAP, relational and relational-gap: 20; "
         "`vesper extractors` lists every default)" + (", in one process (`--in-process`)" if options.in_process else
                                                    ", through the three services") + ".", "",
     ]
