@@ -66,16 +66,22 @@ class FallbackDecoder(nn.Module):
         # an index into HEADS; a buffer, so a saved decoder serves with the head B chose
         self.register_buffer("choice", torch.tensor(HEADS.index("graph"), dtype=torch.int64))
 
-    def heads(self, embeddings: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Each head's logits of B x d x L embeddings, in the order of HEADS."""
+    def head(self, name: str, embeddings: torch.Tensor) -> torch.Tensor:
+        """One head's logits of B x d x L embeddings (``name`` one of HEADS)."""
         split = embeddings.shape[-1] - self.edge_free_layers
-        return (
-            self.edge_free(embeddings[..., split:]), self.graph(embeddings[..., :split]),
-            self.combined(embeddings.detach()),
-        )
+        if name == "edge-free":
+            return self.edge_free(embeddings[..., split:])
+        if name == "graph":
+            return self.graph(embeddings[..., :split])
+        return self.combined(embeddings.detach())
+
+    def heads(self, embeddings: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Each head's logits, in the order of HEADS."""
+        return tuple(self.head(name, embeddings) for name in HEADS)
 
     def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
-        return self.heads(embeddings)[int(self.choice)]
+        """The chosen head's logits, computed alone (a prediction pass decodes with one head)."""
+        return self.head(HEADS[int(self.choice)], embeddings)
 
     def choose(self, head: str) -> None:
         self.choice.fill_(HEADS.index(head))
