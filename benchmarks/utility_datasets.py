@@ -127,7 +127,20 @@ def ensure_synthetic(data_dir: Path, label: str, nodes: int, labels_with_rows: s
     if record is None:
         records[label] = SyntheticRecord(spec=asked, sha256=digest)
         _write_records(spec_path, records)
+    declare_edge_bound(path, synthetic_spec(label, nodes))
     return path
+
+
+def declare_edge_bound(path: Path, spec: SyntheticSpec) -> None:
+    """Beside the generated file, its public edge bound: M, the number of edges the generator was
+    asked for (a parameter chosen before the graph existed, not counted from it), so extractors
+    whose rates need a public |E| bound (relational pre-training) run on it."""
+    from vesper.coordinator.public_facts import DeclaredFacts, write_declared_facts
+
+    write_declared_facts(path, DeclaredFacts(
+        edge_bound=spec.target_edges,
+        why=f"the synthetic generator's M = round(mean_degree · N / 2) = {spec.target_edges} edges asked for",
+    ))
 
 
 def resolve_datasets(
