@@ -21,6 +21,7 @@ import typer
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from rich.console import Console
 
+from vesper.benchmarks.doc_sections import DocSectionError, replace_section
 from vesper.benchmarks.extractor_table import TableRow, read_rows
 
 console = Console()
@@ -147,16 +148,6 @@ def markdown(
     return "\n".join([*lines, END])
 
 
-def replace_section(document: str, section: str, begin: str = BEGIN, end: str = END) -> str:
-    """``document`` with the text from ``begin`` to ``end`` replaced by ``section`` (which carries
-    the markers itself, so the command can replace it again)."""
-    if begin not in document or end not in document:
-        raise AnchorsError(f"the document has no {begin} … {end} section to replace")
-    head, rest = document.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    return head + section + tail
-
-
 def anchors_command(
     results: list[Path] = typer.Option(
         ..., "--results", help="results.csv of `vesper bench degradation` or `vesper bench utility` (repeat)."
@@ -180,8 +171,8 @@ def anchors_command(
         text = markdown(rows, load_anchors(), dataset or list(GRAPH_NAMES), edge_level_extractors(),
                         [str(p) for p in results])
         if update is not None:
-            update.write_text(replace_section(update.read_text(), text))
-    except AnchorsError as exc:
+            update.write_text(replace_section(update.read_text(), text, BEGIN, END))
+    except (AnchorsError, DocSectionError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--update") from None
     console.print(text, highlight=False)
     if update is not None:

@@ -205,11 +205,11 @@ def degradation_command(
     text = markdown(cells(rows, labels, names, options.epsilons), options, labels)
     (out / "degradation.md").write_text(text + "\n")
     if update is not None:
-        from vesper.benchmarks.anchors import AnchorsError, replace_section
+        from vesper.benchmarks.doc_sections import DocSectionError, replace_section
 
         try:
             update.write_text(replace_section(update.read_text(), text, BEGIN, END))
-        except AnchorsError as exc:
+        except DocSectionError as exc:
             raise typer.BadParameter(str(exc), param_hint="--update") from None
     console.print(text, highlight=False)
     console.print(f"wrote {out / 'degradation.md'}" + (f" and updated {update}" if update else ""), highlight=False)

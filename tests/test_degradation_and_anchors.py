@@ -10,12 +10,11 @@ import pytest
 from vesper.benchmarks.anchors import (
     BEGIN,
     END,
-    AnchorsError,
     load_anchors,
     markdown,
-    replace_section,
 )
 from vesper.benchmarks.degradation import cell, cells
+from vesper.benchmarks.doc_sections import DocSectionError, replace_section
 from vesper.benchmarks.extractor_table import TableRow
 
 
@@ -64,6 +63,6 @@ def test_the_anchors_table_puts_vesper_beside_the_papers_and_replaces_only_its_s
     assert "| DPDGC | DPDGC | 1 | 0.777" in text
     assert "none of GAP, ProGAP, DPDGC and LPGNet reports this graph" in text
     document = f"before\n{BEGIN}\nold\n{END}\nafter\n"
-    assert replace_section(document, text) == f"before\n{text}\nafter\n"
-    with pytest.raises(AnchorsError, match="no .* section"):
-        replace_section("no markers", text)
+    assert replace_section(document, text, BEGIN, END) == f"before\n{text}\nafter\n"
+    with pytest.raises(DocSectionError, match="no .* section"):
+        replace_section("no markers", text, BEGIN, END)
