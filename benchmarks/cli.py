@@ -14,6 +14,7 @@ from rich.table import Table
 from vesper.benchmarks.anchors import anchors_command
 from vesper.benchmarks.audit_bench import audit_bench_command
 from vesper.benchmarks.degradation import degradation_command
+from vesper.benchmarks.demo_table import demo_table_command
 from vesper.benchmarks.import_bench import import_command
 from vesper.benchmarks.label_privacy_table import label_privacy_command
 from vesper.benchmarks.perf.command import perf_command
@@ -154,6 +155,9 @@ bench_app.command("degradation")(degradation_command)
 
 
 bench_app.command("anchors")(anchors_command)
+
+
+bench_app.command("demo-table")(demo_table_command)
 
 
 bench_app.command("results")(results_command)

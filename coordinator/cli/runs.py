@@ -191,7 +191,7 @@ def demo(
     own = own_data(party_a_data, party_b_data, workers)
     if predict_out is not None and prediction_passes is None:
         overrides["privacy.prediction_passes"] = 1  # reserved: free unless the extractor's evaluation is charged
-    run, baseline = _demo_settings(cfg, overrides, extractor, label_privacy, baseline)
+    run, baseline = demo_settings(cfg, overrides, extractor, label_privacy, baseline)
     console.print(f"starting the accountant, party B and party A on loopback (logs in {workdir / 'logs'})")
     try:
         with LocalCluster(workdir.resolve(), log_format=log_format, **own) as cluster:
@@ -256,7 +256,7 @@ def score_run(cluster: object, run_id: str, out: Path, all_keys: bool) -> None:
     console.print(f"wrote {rows:,} scores ({'every key' if all_keys else 'party B unlabelled keys'}) to {out}")
 
 
-def _demo_settings(cfg, overrides: dict, extractor: str | None, label_privacy, baseline: bool):  # noqa: ANN001, ANN202
+def demo_settings(cfg, overrides: dict, extractor: str | None, label_privacy, baseline: bool):  # noqa: ANN001, ANN202
     """The demo's run settings, and whether it also trains the MLP baseline."""
     chosen = extractor is not None or (cfg.run is not None and "extractor" in cfg.run.model_fields_set)
     if label_privacy == LabelPrivacy.pate and not chosen:
