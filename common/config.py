@@ -34,7 +34,7 @@ class ExtractorConfig(_Model):
     """Party A's encoder and private representation extractor (PRE)."""
 
     name: str = Field(
-        "pmp-gcn",
+        "gap",
         pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$",
         description="a registered extractor (`vesper extractors` lists them): mlp, pmp-gin, pmp-gcn, gap, ...",
     )

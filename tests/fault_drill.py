@@ -20,8 +20,9 @@ from vesper.coordinator.processes import LocalCluster
 from vesper.coordinator.run_client import RunClientError, drive_run
 
 QUIET = Console(file=io.StringIO())
-# 1354 Cora training nodes in batches of 64: 22 steps in the one epoch, a checkpoint every 5 steps
-DRILL_RUN = {"dataset": "cora", "epochs": 1, "batch_size": 64, "privacy": {"epsilon": 8}}
+# PMP-GCN (per-step releases: a charge every step): 1354 Cora training nodes in batches of 64, 22 steps
+# in the one epoch, a checkpoint every 5 steps
+DRILL_RUN = {"dataset": "cora", "extractor": {"name": "pmp-gcn"}, "epochs": 1, "batch_size": 64, "privacy": {"epsilon": 8}}
 DRILL_SETTINGS = {"secret_seed": 5, "checkpoint_every": 5, "peer_retry_s": 30.0, "step_timeout_s": 30.0}
 
 

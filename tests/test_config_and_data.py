@@ -39,7 +39,7 @@ def test_contradictory_run_configs_are_refused() -> None:
     "data, fragment",
     [
         ({"extractor": {"fanout": 3, "degree_bound": 5}}, "fanout=3 is below extractor.degree_bound=5"),
-        ({"extractor": {"fanout": 0, "degree_bound": 2, "d_min": 3}}, "d_min=3 exceeds extractor.degree_bound=2"),
+        ({"extractor": {"name": "pmp-gcn", "fanout": 0, "degree_bound": 2, "d_min": 3}}, "d_min=3 exceeds extractor.degree_bound=2"),
         ({"privacy": {"accounting": "hidden-batch", "edge_sample_rate": 0.5}}, "visible-batch credit"),
         ({"privacy": {"accounting": "hidden-batch"}, "extractor": {"fanout": 0}}, "needs the degree bound D"),
         ({"privacy": {"edge_sample_rate": 0.5}, "extractor": {"fanout": 0, "degree_bound": 4}}, "covers one"),

@@ -213,7 +213,7 @@ def misbehaving(tmp_path_factory):
 def test_a_misbehaving_party_b_ends_the_run_with_a_clear_error(misbehaving, fault: str, fragment: str) -> None:
     servicer, party_a, accountant = misbehaving
     servicer.fault = fault
-    config = RunConfig.model_validate({"dataset": "cora", "epochs": 1, "privacy": {"epsilon": 8}})
+    config = RunConfig.model_validate({"dataset": "cora", "extractor": {"name": "pmp-gcn"}, "epochs": 1, "privacy": {"epsilon": 8}})
     summary = drive_run(party_a.grpc_address, config, QUIET)
     # a silent B may come back: the run is interrupted (resumable); a B that answers nonsense fails it
     expected = "interrupted" if fault == "silent" else "failed"
@@ -229,7 +229,7 @@ def test_a_misbehaving_party_b_ends_the_run_with_a_clear_error(misbehaving, faul
 def test_overlapping_evaluation_splits_are_refused_before_anything_is_charged(misbehaving) -> None:
     servicer, party_a, accountant = misbehaving
     servicer.fault = "overlap"
-    config = RunConfig.model_validate({"dataset": "cora", "epochs": 1, "privacy": {"epsilon": 8}})
+    config = RunConfig.model_validate({"dataset": "cora", "extractor": {"name": "pmp-gcn"}, "epochs": 1, "privacy": {"epsilon": 8}})
     summary = drive_run(party_a.grpc_address, config, QUIET)
     assert summary.status == "failed" and "val and test splits overlap" in summary.message, summary.message
     assert summary.steps == 0 and summary.epsilon_spent == 0
