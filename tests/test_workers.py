@@ -18,14 +18,17 @@ from vesper.common.config import AuditConfig, ExtractorConfig, PartyAConfig, Pri
 from vesper.common.dataset_files import write_graph_npz
 from vesper.party_a.extractors.base import ExtractorSetup
 from vesper.party_a.extractors.edge_free_path import build_extractor, unwrapped
+from vesper.party_a.extractors.gap import GapExtractor, aggregate, row_normalise
 from vesper.party_a.extractors.pmp_plugin import PmpGcnPlugin, PmpGinPlugin
+from vesper.party_a.extractors.registry import validated_params
 from vesper.party_a.run.graph_data import GraphData
 from vesper.party_a.workers import DistributedExtractor, WorkerGroup, WorkerLost, WorkersUnsupported, check_supported
 from vesper.party_a.workers.gradients import apply_gradients, flat_gradients
+from vesper.party_a.workers.hops import PartitionedHops
 from vesper.party_a.workers.protocol import WorkerSetup, split_roots
 
 NODES, FEATURES = 120, 12
-PLUGINS = {"pmp-gin": PmpGinPlugin, "pmp-gcn": PmpGcnPlugin}
+PLUGINS = {"pmp-gin": PmpGinPlugin, "pmp-gcn": PmpGcnPlugin, "gap": GapExtractor}
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +56,7 @@ def build(config: RunConfig, path: Path, seed: int = 9):
     initial = (sampling.get_state(), noise.get_state())
     plugin = PLUGINS[config.extractor.name]
     extractor = build_extractor(plugin, ExtractorSetup(  # as party A builds it: with its edge-free path
-        config=config, params=plugin.spec.params(), graph=data.graph, features=data.features,
+        config=config, params=validated_params(plugin.spec, config), graph=data.graph, features=data.features,
         device=torch.device("cpu"), sampling_generator=sampling, noise_generator=noise, delta=1e-6,
         keyed_noise=True,  # as party A builds a run's extractors when party_a.workers > 1
     ))
@@ -157,12 +160,69 @@ def test_flat_gradients_sum_and_keep_absent_ones_absent() -> None:
         apply_gradients([a], flat)
 
 
-@pytest.mark.parametrize("name", ["gap", "vfgnn", "dpar-edge"])
+@pytest.mark.parametrize("name", ["vfgnn", "dpar-edge", "dpar-node", "heterpoisson", "relational"])
 def test_other_extractors_are_refused_with_the_fix(name: str) -> None:
     config = config_for("pmp-gin").model_copy(update={"extractor": ExtractorConfig(name=name)})
-    with pytest.raises(WorkersUnsupported, match=f"not {name}.*party_a.workers = 1.*nothing was charged"):
+    with pytest.raises(WorkersUnsupported, match=f"not {name}.*party_a.workers = 1.*nothing was charged") as refused:
         check_supported(config, 2)
+    assert "relational-gap's pre-training runs on rank 0 alone" in str(refused.value)  # says what is split
     check_supported(config, 1)
+
+
+@pytest.mark.parametrize("name", ["mlp", "pmp-gin", "pmp-gcn", "gap", "relational-gap"])
+def test_the_per_step_extractors_and_gaps_hops_are_supported(name: str) -> None:
+    check_supported(config_for("pmp-gin").model_copy(update={"extractor": ExtractorConfig(name=name)}), 3)
+
+
+def gap_config() -> RunConfig:
+    config = config_for("pmp-gin")
+    extractor = ExtractorConfig(name="gap", layers=2, dim=8, encoder_hidden=16, dropout=0.0, params={"encoder_epochs": 0})
+    return config.model_copy(update={"extractor": extractor})
+
+
+class HopSession:
+    """What GAP's preparation needs of the trainer: the charges, in order (no stage: encoder_epochs = 0)."""
+
+    def __init__(self) -> None:
+        self.charges: list[tuple[int, int]] = []
+
+    def charge_one_shot(self, index: int, node_ids: torch.Tensor) -> None:
+        self.charges.append((index, node_ids.numel()))
+
+    def progress(self, message: str) -> None:
+        pass
+
+
+def test_two_workers_compute_gaps_hops_as_one_process_bit_for_bit(dataset: Path, tmp_path: Path) -> None:
+    """The partitioned sparse product over W = 2 gloo processes: A x̃ exactly with the noise off, one
+    process's keyed hop exactly with it on, and a whole preparation's hops and charges as W = 1's."""
+    config = gap_config()
+    single, double = (unwrapped(build(config, dataset)[0]) for _ in range(2))
+    initial = build(config, dataset)[1]
+    for extractor in (single, double):
+        extractor.bind(0.5)
+    group = start_group(config, dataset, initial, tmp_path)
+    engine = PartitionedHops(group, double.setup.graph, double.setup.noise)
+    try:
+        x = row_normalise(torch.randn(NODES, 8, generator=torch.Generator().manual_seed(3)))
+        product = engine.hop(x, 1, 0.0, None)
+        assert torch.equal(product, aggregate(single.adjacency, x)) and product.abs().sum() > 0
+        key = single.hop_key()
+        assert key is not None and key == double.hop_key()  # rank 0 draws it from the same secret generator
+        noised = engine.hop(x, 1, double.noise_std, key)
+        assert torch.equal(noised, single.noisy_hop(x, 1, key)) and not torch.equal(noised, product)
+        with pytest.raises(ValueError, match="keyed noise"):
+            engine.hop(x, 1, double.noise_std, None)  # refused on rank 0, before the workers hear of it
+        # a whole preparation: K = 2 hops, each charged once for all nodes, the released hops W = 1's
+        one, two = HopSession(), HopSession()
+        single.prepare(one)
+        double.hop_engine = lambda: engine
+        double.prepare(two)
+        assert one.charges == two.charges == [(0, NODES), (1, NODES)]
+        assert torch.equal(single.released, double.released)
+    finally:
+        engine.close()
+    assert group.closed and all(process.poll() is not None for process in group.processes)
 
 
 def test_audits_that_rebuild_the_graph_are_refused() -> None:

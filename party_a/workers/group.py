@@ -20,12 +20,17 @@ import torch.distributed as dist
 
 from vesper.common.config import PartyAConfig, RunConfig
 from vesper.party_a.extractors.base import Extractor
+from vesper.party_a.graph_store import Graph
+from vesper.party_a.noise import NoiseSource
 from vesper.party_a.workers.errors import WorkerLost, WorkersUnsupported
 from vesper.party_a.workers.gradients import apply_gradients, flat_gradients
+from vesper.party_a.workers.hops import partitioned_hop
 from vesper.party_a.workers.protocol import (
+    ONE_SHOT_EXTRACTORS,
     PER_STEP_EXTRACTORS,
     BackwardCommand,
     Command,
+    HopCommand,
     ReleaseCommand,
     StopCommand,
     WorkerSetup,
@@ -43,10 +48,11 @@ def check_supported(config: RunConfig, workers: int) -> None:
         return
     name = config.extractor.name
     fix = "set party_a.workers = 1 (vesper serve party-a --workers 1)"
-    if name not in PER_STEP_EXTRACTORS:
+    if name not in PER_STEP_EXTRACTORS + ONE_SHOT_EXTRACTORS:
         raise WorkersUnsupported(
-            f"party_a.workers = {workers} supports the per-step extractors {', '.join(PER_STEP_EXTRACTORS)}, "
-            f"not {name} (its one-shot releases are not split over workers); {fix}; nothing was charged"
+            f"party_a.workers = {workers} supports the per-step extractors {', '.join(PER_STEP_EXTRACTORS)} and "
+            f"GAP's one-shot hops ({', '.join(ONE_SHOT_EXTRACTORS)}; relational-gap's pre-training runs on rank 0 "
+            f"alone), not {name} (its releases are not split over workers); {fix}; nothing was charged"
         )
     audits = [what for what, on in (("canaries", config.audit.canaries), ("membership", config.audit.membership)) if on]
     if audits:
@@ -174,6 +180,15 @@ class WorkerGroup:
             dist.reduce(flat, dst=0, op=dist.ReduceOp.SUM)
         apply_gradients(parameters, flat)
         self._changed = True
+
+    def hop(self, command: HopCommand, x_prev: torch.Tensor, graph: Graph, noise: NoiseSource) -> torch.Tensor:
+        """One of GAP's hops: rank 0's block here, the others at the workers; x_k gathered here (CPU)."""
+        self._send(command)
+        with self._lost(f"hop {command.hop} of GAP"):
+            gathered = partitioned_hop(command, x_prev, graph, noise, 0, self.world)
+        if gathered is None:
+            raise RuntimeError("rank 0 gathered no block of the hop")
+        return gathered
 
     # -- faults ---------------------------------------------------------------------------------
     def _send(self, command: Command) -> None:
