@@ -22,7 +22,14 @@ from vesper.party_a.extractors.gap import GapExtractor, aggregate, row_normalise
 from vesper.party_a.extractors.pmp_plugin import PmpGcnPlugin, PmpGinPlugin
 from vesper.party_a.extractors.registry import validated_params
 from vesper.party_a.run.graph_data import GraphData
-from vesper.party_a.workers import DistributedExtractor, WorkerGroup, WorkerLost, WorkersUnsupported, check_supported
+from vesper.party_a.workers import (
+    DistributedExtractor,
+    GroupReservation,
+    WorkerGroup,
+    WorkerLost,
+    WorkersUnsupported,
+    check_supported,
+)
 from vesper.party_a.workers.gradients import apply_gradients, flat_gradients
 from vesper.party_a.workers.hops import PartitionedHops
 from vesper.party_a.workers.protocol import WorkerSetup, split_roots
@@ -64,10 +71,12 @@ def build(config: RunConfig, path: Path, seed: int = 9):
     return extractor, initial
 
 
-def start_group(config: RunConfig, path: Path, initial, tmp_path: Path) -> WorkerGroup:
+def start_group(
+    config: RunConfig, path: Path, initial, tmp_path: Path, reservation: GroupReservation | None = None,
+) -> WorkerGroup:
     settings = PartyAConfig(workers=2, step_timeout_s=30)
     setup = WorkerSetup(run_config_json=config.model_dump_json(), dataset=path, device="cpu", delta=1e-6)
-    return WorkerGroup.start(settings, setup, initial, tmp_path)
+    return WorkerGroup.start(settings, setup, initial, tmp_path, reservation)
 
 
 def sgd_step(extractor, release: torch.Tensor, gradient: torch.Tensor, backward=None) -> None:
@@ -147,6 +156,40 @@ def test_a_killed_worker_is_a_typed_error_and_the_group_closes(dataset: Path, tm
     # the group is free again: a new run can start its own
     again = start_group(config, dataset, initial, tmp_path)
     again.close()
+
+
+def test_one_run_at_a_time_holds_the_group_from_its_start(dataset: Path, tmp_path: Path) -> None:
+    """A run reserves the group before anything is charged; a second is refused then (not when it
+    would start its workers: for GAP after its encoder stage); the group's close lets it go."""
+    first = GroupReservation(2)
+    try:
+        with pytest.raises(WorkersUnsupported, match="another run of this party A.*nothing was charged"):
+            GroupReservation(2)
+        config = gap_config()
+        extractor, initial = build(config, dataset)
+        group = start_group(config, dataset, initial, tmp_path, first)
+        assert group.reservation is first
+        group.close()
+        assert not first.held
+        GroupReservation(2).release()  # free again
+    finally:
+        first.release()
+
+
+def test_a_worker_killed_before_a_hop_is_a_typed_error(dataset: Path, tmp_path: Path) -> None:
+    config = gap_config()
+    extractor, initial = build(config, dataset)
+    inner = unwrapped(extractor)
+    group = start_group(config, dataset, initial, tmp_path)
+    engine = PartitionedHops(group, inner.setup.graph, inner.setup.noise)
+    try:
+        os.kill(group.processes[0].pid, signal.SIGKILL)
+        group.processes[0].wait()
+        with pytest.raises(WorkerLost, match="lost a worker process.*exited with -9"):
+            engine.hop(torch.zeros(NODES, 8), 1, 0.0, None)
+    finally:
+        engine.close()
+    assert not group.reservation.held
 
 
 def test_flat_gradients_sum_and_keep_absent_ones_absent() -> None:

@@ -42,7 +42,13 @@ from vesper.party_a.run.release import Release, check_plan_fits, plan_release, w
 from vesper.party_a.run.secrets import SecretGenerators
 from vesper.party_a.run.step_loop import STEP_TIMINGS_FILE, StepLoop, TrainingPass
 from vesper.party_a.run.step_timings import StepTimings
-from vesper.party_a.workers import DistributedExtractor, WorkerGroup, WorkersUnsupported, check_supported
+from vesper.party_a.workers import (
+    DistributedExtractor,
+    GroupReservation,
+    WorkerGroup,
+    WorkersUnsupported,
+    check_supported,
+)
 from vesper.party_a.workers.hops import PartitionedHops
 from vesper.party_a.workers.protocol import WorkerSetup
 from vesper.proto.v1 import label_party_pb2 as lp_pb
@@ -108,6 +114,7 @@ class GraphPartyRun:
         self.keeper: LeaseKeeper | None = None
         self.dataset_path = dataset_path
         self.workers: WorkerGroup | None = None  # party_a.workers > 1: the run's worker processes
+        self.reservation: GroupReservation | None = None  # and its hold on them, from its start
 
     @property
     def epsilon_spent(self) -> float:
@@ -148,6 +155,8 @@ class GraphPartyRun:
                 "releases cannot be split over workers (docs/privacy.md 2.6); resume it with "
                 "party_a.workers = 1 (vesper serve party-a --workers 1); nothing was charged"
             )
+        if self.settings.workers > 1:  # one run at a time: a second is refused now, before any charge
+            self.reservation = GroupReservation(self.settings.workers)
         self._hold_run()
         reply = self._open_session(
             self.run_id, extractor.output_layers, self.checkpoints.resume_step, edge_free_layers(extractor),
@@ -225,7 +234,9 @@ class GraphPartyRun:
         )
         if self.workers is not None:
             self.workers.close()  # a group that served the run's hops has stopped already; closing twice is safe
-        self.workers = WorkerGroup.start(self.settings, setup, self.generators.initial, self.ctx.run_dir())
+        self.workers = WorkerGroup.start(
+            self.settings, setup, self.generators.initial, self.ctx.run_dir(), self.reservation,
+        )
         return self.workers
 
     def _hold_run(self) -> None:
@@ -352,6 +363,8 @@ class GraphPartyRun:
             self.keeper.stop()
         if self.workers is not None:
             self.workers.close()
+        if self.reservation is not None:
+            self.reservation.release()
         done, summary = self.milestones, self.summary
         if done.run_created and not done.lost_accountant and not done.lost_lease:
             try:

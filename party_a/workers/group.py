@@ -66,6 +66,26 @@ def check_supported(config: RunConfig, workers: int) -> None:
         )
 
 
+class GroupReservation:
+    """This party A's worker group held for one run: taken at the run's start, before anything is
+    charged, so that a second run is refused then, not when it would start its workers (for GAP,
+    after its edge-free stage and pre-training); released when the run's group closes or the run ends."""
+
+    def __init__(self, workers: int) -> None:
+        if not _ONE_GROUP.acquire(blocking=False):
+            raise WorkersUnsupported(
+                f"another run of this party A is using its {workers} worker processes; start this run when it "
+                "has ended, or set party_a.workers = 1; nothing was charged"
+            )
+        self.held = True
+
+    def release(self) -> None:
+        """Let another run have the group; safe to call twice."""
+        if self.held:
+            self.held = False
+            _ONE_GROUP.release()
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -75,8 +95,11 @@ def free_port() -> int:
 class WorkerGroup:
     """Rank 0 and W-1 worker processes, for one run."""
 
-    def __init__(self, world: int, processes: list[subprocess.Popen], timeout_s: float) -> None:
+    def __init__(
+        self, world: int, processes: list[subprocess.Popen], timeout_s: float, reservation: GroupReservation,
+    ) -> None:
         self.world = world
+        self.reservation = reservation
         self.processes = processes
         self.timeout_s = timeout_s
         self.healthy = True
@@ -87,16 +110,14 @@ class WorkerGroup:
     @classmethod
     def start(
         cls, settings: PartyAConfig, setup: WorkerSetup, states: tuple[torch.Tensor, torch.Tensor],
-        run_dir: Path | None = None,
+        run_dir: Path | None = None, reservation: GroupReservation | None = None,
     ) -> WorkerGroup:
         """Start W-1 workers on this host (or wait for them at ``party_a.workers_listen``), join them,
-        and have each build the run's extractor from the generators' ``states`` at rank 0's build."""
+        and have each build the run's extractor from the generators' ``states`` at rank 0's build.
+        ``reservation``: the run's hold on the group (taken now when None or no longer held)."""
         world = settings.workers
-        if not _ONE_GROUP.acquire(blocking=False):
-            raise WorkersUnsupported(
-                f"another run of this party A is using its {world} worker processes; start this run when it "
-                "has ended, or set party_a.workers = 1; nothing was charged"
-            )
+        if reservation is None or not reservation.held:
+            reservation = GroupReservation(world)
         processes: list[subprocess.Popen] = []
         try:
             # the longest a worker waits for the next command: B's answer, a charge's retries, a checkpoint
@@ -114,7 +135,7 @@ class WorkerGroup:
                 ]
             if run_dir is not None:
                 (run_dir / WORKERS_FILE).write_text(json.dumps({"pids": [p.pid for p in processes]}) + "\n")
-            group = cls(world, processes, timeout)
+            group = cls(world, processes, timeout, reservation)
             with group._lost("joining the group"):
                 dist.init_process_group("gloo", init_method=init, rank=0, world_size=world, timeout=timedelta(seconds=timeout))
             with group._lost("setting the workers up"):
@@ -130,7 +151,7 @@ class WorkerGroup:
             _stop_processes(processes)
             if dist.is_initialized():
                 dist.destroy_process_group()
-            _ONE_GROUP.release()
+            reservation.release()
             raise
 
     def close(self) -> None:
@@ -147,7 +168,7 @@ class WorkerGroup:
             _stop_processes(self.processes, wait_s=10.0 if self.healthy else 0.0)
         finally:
             dist.destroy_process_group()
-            _ONE_GROUP.release()
+            self.reservation.release()
 
     # -- one release ----------------------------------------------------------------------------
     def release(self, extractor: Extractor, roots: torch.Tensor, kind: str) -> torch.Tensor:
