@@ -21,6 +21,7 @@ from vesper.party_a.extractors.edge_free_path import build_extractor, unwrapped
 from vesper.party_a.extractors.gap import GapExtractor, aggregate, row_normalise
 from vesper.party_a.extractors.pmp_plugin import PmpGcnPlugin, PmpGinPlugin
 from vesper.party_a.extractors.registry import validated_params
+from vesper.party_a.extractors.relational_gap import RelationalGapExtractor
 from vesper.party_a.run.graph_data import GraphData
 from vesper.party_a.workers import (
     DistributedExtractor,
@@ -35,7 +36,9 @@ from vesper.party_a.workers.hops import PartitionedHops
 from vesper.party_a.workers.protocol import WorkerSetup, split_roots
 
 NODES, FEATURES = 120, 12
-PLUGINS = {"pmp-gin": PmpGinPlugin, "pmp-gcn": PmpGcnPlugin, "gap": GapExtractor}
+PLUGINS = {
+    "pmp-gin": PmpGinPlugin, "pmp-gcn": PmpGcnPlugin, "gap": GapExtractor, "relational-gap": RelationalGapExtractor,
+}
 
 
 @pytest.fixture(scope="module")
@@ -217,29 +220,36 @@ def test_the_per_step_extractors_and_gaps_hops_are_supported(name: str) -> None:
     check_supported(config_for("pmp-gin").model_copy(update={"extractor": ExtractorConfig(name=name)}), 3)
 
 
-def gap_config() -> RunConfig:
+def gap_config(name: str = "gap") -> RunConfig:
+    params = {"encoder_epochs": 0, **({"pretrain_steps": 3, "expected_batch": 20} if name == "relational-gap" else {})}
+    extractor = ExtractorConfig(name=name, layers=2, dim=8, encoder_hidden=16, dropout=0.0, params=params)
     config = config_for("pmp-gin")
-    extractor = ExtractorConfig(name="gap", layers=2, dim=8, encoder_hidden=16, dropout=0.0, params={"encoder_epochs": 0})
-    return config.model_copy(update={"extractor": extractor})
+    privacy = config.privacy.model_copy(update={"edge_bound": 1000})  # relational's public bound on |E|
+    return config.model_copy(update={"extractor": extractor, "privacy": privacy})
 
 
 class HopSession:
     """What GAP's preparation needs of the trainer: the charges, in order (no stage: encoder_epochs = 0)."""
 
     def __init__(self) -> None:
-        self.charges: list[tuple[int, int]] = []
+        self.charges: list[tuple[str, int, int]] = []
 
     def charge_one_shot(self, index: int, node_ids: torch.Tensor) -> None:
-        self.charges.append((index, node_ids.numel()))
+        self.charges.append(("one-shot", index, node_ids.numel()))
+
+    def charge_pre_train(self, index: int, node_ids: torch.Tensor) -> None:
+        self.charges.append(("pre-train", index, node_ids.numel()))
 
     def progress(self, message: str) -> None:
         pass
 
 
-def test_two_workers_compute_gaps_hops_as_one_process_bit_for_bit(dataset: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["gap", "relational-gap"])
+def test_two_workers_compute_gaps_hops_as_one_process_bit_for_bit(dataset: Path, tmp_path: Path, name: str) -> None:
     """The partitioned sparse product over W = 2 gloo processes: A x̃ exactly with the noise off, one
-    process's keyed hop exactly with it on, and a whole preparation's hops and charges as W = 1's."""
-    config = gap_config()
+    process's keyed hop exactly with it on, and a whole preparation's hops and charges as W = 1's
+    (relational-gap: its pre-training on rank 0, then the hops split)."""
+    config = gap_config(name)
     single, double = (unwrapped(build(config, dataset)[0]) for _ in range(2))
     initial = build(config, dataset)[1]
     for extractor in (single, double):
@@ -261,7 +271,9 @@ def test_two_workers_compute_gaps_hops_as_one_process_bit_for_bit(dataset: Path,
         single.prepare(one)
         double.hop_engine = lambda: engine
         double.prepare(two)
-        assert one.charges == two.charges == [(0, NODES), (1, NODES)]
+        hops = [("one-shot", 0, NODES), ("one-shot", 1, NODES)]
+        assert one.charges == two.charges and one.charges[-2:] == hops
+        assert len(one.charges) == (2 if name == "gap" else 3)  # relational-gap: one pre-train chunk first
         assert torch.equal(single.released, double.released)
     finally:
         engine.close()
