@@ -18,14 +18,27 @@ from vesper.common.config import AuditConfig, ExtractorConfig, PartyAConfig, Pri
 from vesper.common.dataset_files import write_graph_npz
 from vesper.party_a.extractors.base import ExtractorSetup
 from vesper.party_a.extractors.edge_free_path import build_extractor, unwrapped
+from vesper.party_a.extractors.gap import GapExtractor, aggregate, row_normalise
 from vesper.party_a.extractors.pmp_plugin import PmpGcnPlugin, PmpGinPlugin
+from vesper.party_a.extractors.registry import validated_params
+from vesper.party_a.extractors.relational_gap import RelationalGapExtractor
 from vesper.party_a.run.graph_data import GraphData
-from vesper.party_a.workers import DistributedExtractor, WorkerGroup, WorkerLost, WorkersUnsupported, check_supported
+from vesper.party_a.workers import (
+    DistributedExtractor,
+    GroupReservation,
+    WorkerGroup,
+    WorkerLost,
+    WorkersUnsupported,
+    check_supported,
+)
 from vesper.party_a.workers.gradients import apply_gradients, flat_gradients
+from vesper.party_a.workers.hops import PartitionedHops
 from vesper.party_a.workers.protocol import WorkerSetup, split_roots
 
 NODES, FEATURES = 120, 12
-PLUGINS = {"pmp-gin": PmpGinPlugin, "pmp-gcn": PmpGcnPlugin}
+PLUGINS = {
+    "pmp-gin": PmpGinPlugin, "pmp-gcn": PmpGcnPlugin, "gap": GapExtractor, "relational-gap": RelationalGapExtractor,
+}
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +66,7 @@ def build(config: RunConfig, path: Path, seed: int = 9):
     initial = (sampling.get_state(), noise.get_state())
     plugin = PLUGINS[config.extractor.name]
     extractor = build_extractor(plugin, ExtractorSetup(  # as party A builds it: with its edge-free path
-        config=config, params=plugin.spec.params(), graph=data.graph, features=data.features,
+        config=config, params=validated_params(plugin.spec, config), graph=data.graph, features=data.features,
         device=torch.device("cpu"), sampling_generator=sampling, noise_generator=noise, delta=1e-6,
         keyed_noise=True,  # as party A builds a run's extractors when party_a.workers > 1
     ))
@@ -61,10 +74,12 @@ def build(config: RunConfig, path: Path, seed: int = 9):
     return extractor, initial
 
 
-def start_group(config: RunConfig, path: Path, initial, tmp_path: Path) -> WorkerGroup:
+def start_group(
+    config: RunConfig, path: Path, initial, tmp_path: Path, reservation: GroupReservation | None = None,
+) -> WorkerGroup:
     settings = PartyAConfig(workers=2, step_timeout_s=30)
     setup = WorkerSetup(run_config_json=config.model_dump_json(), dataset=path, device="cpu", delta=1e-6)
-    return WorkerGroup.start(settings, setup, initial, tmp_path)
+    return WorkerGroup.start(settings, setup, initial, tmp_path, reservation)
 
 
 def sgd_step(extractor, release: torch.Tensor, gradient: torch.Tensor, backward=None) -> None:
@@ -146,6 +161,40 @@ def test_a_killed_worker_is_a_typed_error_and_the_group_closes(dataset: Path, tm
     again.close()
 
 
+def test_one_run_at_a_time_holds_the_group_from_its_start(dataset: Path, tmp_path: Path) -> None:
+    """A run reserves the group before anything is charged; a second is refused then (not when it
+    would start its workers: for GAP after its encoder stage); the group's close lets it go."""
+    first = GroupReservation(2)
+    try:
+        with pytest.raises(WorkersUnsupported, match="another run of this party A.*nothing was charged"):
+            GroupReservation(2)
+        config = gap_config()
+        extractor, initial = build(config, dataset)
+        group = start_group(config, dataset, initial, tmp_path, first)
+        assert group.reservation is first
+        group.close()
+        assert not first.held
+        GroupReservation(2).release()  # free again
+    finally:
+        first.release()
+
+
+def test_a_worker_killed_before_a_hop_is_a_typed_error(dataset: Path, tmp_path: Path) -> None:
+    config = gap_config()
+    extractor, initial = build(config, dataset)
+    inner = unwrapped(extractor)
+    group = start_group(config, dataset, initial, tmp_path)
+    engine = PartitionedHops(group, inner.setup.graph, inner.setup.noise)
+    try:
+        os.kill(group.processes[0].pid, signal.SIGKILL)
+        group.processes[0].wait()
+        with pytest.raises(WorkerLost, match="lost a worker process.*exited with -9"):
+            engine.hop(torch.zeros(NODES, 8), 1, 0.0, None)
+    finally:
+        engine.close()
+    assert not group.reservation.held
+
+
 def test_flat_gradients_sum_and_keep_absent_ones_absent() -> None:
     a, b = torch.nn.Parameter(torch.ones(2, 2)), torch.nn.Parameter(torch.ones(3))
     a.grad = torch.full((2, 2), 2.0)
@@ -157,12 +206,78 @@ def test_flat_gradients_sum_and_keep_absent_ones_absent() -> None:
         apply_gradients([a], flat)
 
 
-@pytest.mark.parametrize("name", ["gap", "vfgnn", "dpar-edge"])
+@pytest.mark.parametrize("name", ["vfgnn", "dpar-edge", "dpar-node", "heterpoisson", "relational"])
 def test_other_extractors_are_refused_with_the_fix(name: str) -> None:
     config = config_for("pmp-gin").model_copy(update={"extractor": ExtractorConfig(name=name)})
-    with pytest.raises(WorkersUnsupported, match=f"not {name}.*party_a.workers = 1.*nothing was charged"):
+    with pytest.raises(WorkersUnsupported, match=f"not {name}.*party_a.workers = 1.*nothing was charged") as refused:
         check_supported(config, 2)
+    assert "relational-gap's pre-training runs on rank 0 alone" in str(refused.value)  # says what is split
     check_supported(config, 1)
+
+
+@pytest.mark.parametrize("name", ["mlp", "pmp-gin", "pmp-gcn", "gap", "relational-gap"])
+def test_the_per_step_extractors_and_gaps_hops_are_supported(name: str) -> None:
+    check_supported(config_for("pmp-gin").model_copy(update={"extractor": ExtractorConfig(name=name)}), 3)
+
+
+def gap_config(name: str = "gap") -> RunConfig:
+    params = {"encoder_epochs": 0, **({"pretrain_steps": 3, "expected_batch": 20} if name == "relational-gap" else {})}
+    extractor = ExtractorConfig(name=name, layers=2, dim=8, encoder_hidden=16, dropout=0.0, params=params)
+    config = config_for("pmp-gin")
+    privacy = config.privacy.model_copy(update={"edge_bound": 1000})  # relational's public bound on |E|
+    return config.model_copy(update={"extractor": extractor, "privacy": privacy})
+
+
+class HopSession:
+    """What GAP's preparation needs of the trainer: the charges, in order (no stage: encoder_epochs = 0)."""
+
+    def __init__(self) -> None:
+        self.charges: list[tuple[str, int, int]] = []
+
+    def charge_one_shot(self, index: int, node_ids: torch.Tensor) -> None:
+        self.charges.append(("one-shot", index, node_ids.numel()))
+
+    def charge_pre_train(self, index: int, node_ids: torch.Tensor) -> None:
+        self.charges.append(("pre-train", index, node_ids.numel()))
+
+    def progress(self, message: str) -> None:
+        pass
+
+
+@pytest.mark.parametrize("name", ["gap", "relational-gap"])
+def test_two_workers_compute_gaps_hops_as_one_process_bit_for_bit(dataset: Path, tmp_path: Path, name: str) -> None:
+    """The partitioned sparse product over W = 2 gloo processes: A x̃ exactly with the noise off, one
+    process's keyed hop exactly with it on, and a whole preparation's hops and charges as W = 1's
+    (relational-gap: its pre-training on rank 0, then the hops split)."""
+    config = gap_config(name)
+    single, double = (unwrapped(build(config, dataset)[0]) for _ in range(2))
+    initial = build(config, dataset)[1]
+    for extractor in (single, double):
+        extractor.bind(0.5)
+    group = start_group(config, dataset, initial, tmp_path)
+    engine = PartitionedHops(group, double.setup.graph, double.setup.noise)
+    try:
+        x = row_normalise(torch.randn(NODES, 8, generator=torch.Generator().manual_seed(3)))
+        product = engine.hop(x, 1, 0.0, None)
+        assert torch.equal(product, aggregate(single.adjacency, x)) and product.abs().sum() > 0
+        key = single.hop_key()
+        assert key is not None and key == double.hop_key()  # rank 0 draws it from the same secret generator
+        noised = engine.hop(x, 1, double.noise_std, key)
+        assert torch.equal(noised, single.noisy_hop(x, 1, key)) and not torch.equal(noised, product)
+        with pytest.raises(ValueError, match="keyed noise"):
+            engine.hop(x, 1, double.noise_std, None)  # refused on rank 0, before the workers hear of it
+        # a whole preparation: K = 2 hops, each charged once for all nodes, the released hops W = 1's
+        one, two = HopSession(), HopSession()
+        single.prepare(one)
+        double.hop_engine = lambda: engine
+        double.prepare(two)
+        hops = [("one-shot", 0, NODES), ("one-shot", 1, NODES)]
+        assert one.charges == two.charges and one.charges[-2:] == hops
+        assert len(one.charges) == (2 if name == "gap" else 3)  # relational-gap: one pre-train chunk first
+        assert torch.equal(single.released, double.released)
+    finally:
+        engine.close()
+    assert group.closed and all(process.poll() is not None for process in group.processes)
 
 
 def test_audits_that_rebuild_the_graph_are_refused() -> None:

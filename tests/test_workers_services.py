@@ -1,6 +1,7 @@
 """Party A with W = 2 worker processes through the real services (issue #25, item 1): the ledger
-of a W = 2 run has the rows and ε of the same run with W = 1, and a killed worker interrupts the
-run cleanly (nothing charged twice) and `vesper train --resume` completes it with that ledger."""
+of a W = 2 run has the rows and ε of the same run with W = 1 (a per-step extractor, and GAP, whose
+hops are split over the workers), and a killed worker interrupts the run cleanly (nothing charged
+twice) and `vesper train --resume` completes it with that ledger."""
 
 from __future__ import annotations
 
@@ -93,3 +94,28 @@ def test_a_killed_worker_interrupts_the_run_and_a_resume_completes_it(one_worker
     # every release charged once: the resumed run's ledger is the uninterrupted one-worker run's
     assert without_run_names(rows) == without_run_names(single_rows)
     assert final.epsilon_spent == pytest.approx(single.epsilon_spent, rel=1e-9)
+
+
+# GAP on Cora: a 2-epoch edge-free encoder stage (no-op rows), then K = 2 hops over all 2708 nodes
+# (two one-shot rows, the hops computed by blocks of rows on both ranks), then 1 epoch of free steps
+GAP_RUN = RunConfig.model_validate({
+    "dataset": "cora", "epochs": 1, "batch_size": 256, "privacy": {"epsilon": 4},
+    "extractor": {"name": "gap", "layers": 2, "dim": 32, "encoder_hidden": 64, "params": {"encoder_epochs": 2}},
+})
+
+
+def test_gaps_hops_over_two_workers_charge_the_ledger_of_one(tmp_path: Path) -> None:
+    ran = {}
+    for workers in (1, 2):
+        with cluster(tmp_path / f"w{workers}", workers) as services:
+            summary = drive_run(services.party_a_address, GAP_RUN, QUIET)
+            ran[workers] = summary, ledger_rows(services.status_url, summary.run_id)
+            started = list((services.workdir / "party_a" / "runs").glob(f"*/{WORKERS_FILE}"))
+        assert summary.status == "completed", summary.message
+        assert len(started) == (workers > 1)  # W = 2 started its worker (for the hops), W = 1 none
+    (single, single_rows), (double, rows) = ran[1], ran[2]
+    assert [row[3] for row in rows].count("one-shot") == 2
+    assert without_run_names(rows) == without_run_names(single_rows)
+    assert double.epsilon_spent == pytest.approx(single.epsilon_spent, rel=1e-9) and double.epsilon_spent > 0
+    # other noise draws (keyed, not streamed), the same distribution: comparable test scores
+    assert double.test_metric.value == pytest.approx(single.test_metric.value, abs=0.1)

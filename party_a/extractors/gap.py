@@ -26,8 +26,10 @@ implementation is not: its numbers are not comparable one to one.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -48,7 +50,9 @@ from vesper.party_a.extractors.base import (
     Stage,
     post_processing_rules,
 )
+from vesper.party_a.extractors.gap_hops import HopEngine, LocalHops
 from vesper.party_a.graph_store import Graph
+from vesper.party_a.noise import NoiseKey
 
 # L2 sensitivity of one hop A x̃ under adding/removing one undirected edge, for rows of norm
 # ≤ 1: rows u* and v* each gain one input row, √(1² + 1²) (docs/extractors/gap.md, eq. S).
@@ -143,9 +147,17 @@ class GapExtractor(ExtractorBase):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(setup.config.seed)
             self.encoder = MlpEncoder(setup.features.shape[1], ex.encoder_hidden, ex.dim, ex.dropout).to(setup.device)
-        self.adjacency = adjacency_matrix(setup.graph)
         self.noise_std = 0.0
         self.released: torch.Tensor | None = None  # [N, d, K+1]: x̃_0 and the charged hops
+        # where the hops are computed: None, here; party_a.workers > 1 sets a factory that starts
+        # the worker processes when the hops begin and splits each hop's rows over them (gap_hops)
+        self.hop_engine: Callable[[], HopEngine] | None = None
+
+    @functools.cached_property
+    def adjacency(self) -> torch.Tensor:
+        """A as sparse CSR, built on first use: a worker of party A (party_a.workers), which
+        computes only its block of rows (gap_hops.row_block), never builds the whole of it."""
+        return adjacency_matrix(self.setup.graph)
 
     @property
     def output_layers(self) -> int:
@@ -202,10 +214,21 @@ class GapExtractor(ExtractorBase):
         """The edge-free stage: B x d x 1 encoder outputs per step, charged as no-op train releases."""
         return Stage(name="encoder", epochs=self.params.encoder_epochs, layers=1)
 
-    def noisy_hop(self, x_prev: torch.Tensor) -> torch.Tensor:
-        """x_k = A x̃_{k-1} + N(0, σ² I), σ = z · √2 (GAP-1), from A's secret noise generator."""
+    def noisy_hop(self, x_prev: torch.Tensor, hop: int = 1, key: NoiseKey | None = None) -> torch.Tensor:
+        """x_k = A x̃_{k-1} + N(0, σ² I), σ = z · √2 (GAP-1), from A's secret noise generator:
+        streamed (one process), or keyed by (``key``, ``hop``, node) when A's noise is keyed
+        (party_a.workers > 1: the rows are then the same whichever rank computes them)."""
         x = aggregate(self.adjacency, x_prev)
-        return self.perturb(x, self.noise_std, rows=torch.arange(x.shape[0], device=x.device))
+        rows = torch.arange(x.shape[0], device=x.device)
+        if key is None:
+            return self.perturb(x, self.noise_std, rows=rows)
+        return self.setup.noise.gaussian(x, self.noise_std, rows=rows, key=key, layer=hop)
+
+    def hop_key(self) -> NoiseKey | None:
+        """Hop k's noise key, drawn from A's secret noise generator before the hop, when A's noise
+        is keyed (party_a.workers > 1) and there is noise; None: streamed (W = 1), or no noise."""
+        noise = self.setup.noise
+        return noise.draw_key() if noise.keyed and self.noise_std > 0 else None
 
     @torch.no_grad()  # no gradient may flow back through a read of A (docs/extractors/gap.md, 3.3)
     def release_hops(self, x0: torch.Tensor, session: PrepareSession) -> torch.Tensor:
@@ -219,14 +242,18 @@ class GapExtractor(ExtractorBase):
         out = x0.new_empty((x0.shape[0], x0.shape[1], self.hops + 1))
         x_tilde = row_normalise(x0)
         out[:, :, 0] = x_tilde
-        for k in range(1, self.hops + 1):
-            session.progress(f"gap: releasing hop {k} of {self.hops} over all {all_nodes.numel()} nodes")
-            x_k = self.noisy_hop(x_tilde)
-            # write-ahead: nothing reads x_k (not even hop k+1) before the accountant committed it;
-            # a refusal raises here and the computed hop is dropped
-            session.charge_one_shot(k - 1, all_nodes)
-            x_tilde = row_normalise(x_k)
-            out[:, :, k] = x_tilde
+        engine = self.hop_engine() if self.hop_engine is not None else LocalHops(self.noisy_hop)
+        try:
+            for k in range(1, self.hops + 1):
+                session.progress(f"gap: releasing hop {k} of {self.hops} over all {all_nodes.numel()} nodes")
+                x_k = engine.hop(x_tilde, k, self.noise_std, self.hop_key())
+                # write-ahead: nothing reads x_k (not even hop k+1) before the accountant committed it;
+                # a refusal raises here and the computed hop is dropped
+                session.charge_one_shot(k - 1, all_nodes)
+                x_tilde = row_normalise(x_k)
+                out[:, :, k] = x_tilde
+        finally:
+            engine.close()
         return out
 
     # -- what it releases -------------------------------------------------------------------

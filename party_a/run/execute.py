@@ -21,6 +21,7 @@ from vesper.party_a.extractors.base import (
     shuffled_batches,
 )
 from vesper.party_a.extractors.edge_free_path import build_extractor, edge_free_layers, unwrapped
+from vesper.party_a.extractors.gap import GapExtractor
 from vesper.party_a.extractors.registry import ExtractorNotFound, lookup, validated_params, with_run_defaults
 from vesper.party_a.graph_store import Graph
 from vesper.party_a.membership_audit import same_charges
@@ -41,7 +42,14 @@ from vesper.party_a.run.release import Release, check_plan_fits, plan_release, w
 from vesper.party_a.run.secrets import SecretGenerators
 from vesper.party_a.run.step_loop import STEP_TIMINGS_FILE, StepLoop, TrainingPass
 from vesper.party_a.run.step_timings import StepTimings
-from vesper.party_a.workers import DistributedExtractor, WorkerGroup, WorkersUnsupported, check_supported
+from vesper.party_a.workers import (
+    DistributedExtractor,
+    GroupReservation,
+    WorkerGroup,
+    WorkersUnsupported,
+    check_supported,
+)
+from vesper.party_a.workers.hops import PartitionedHops
 from vesper.party_a.workers.protocol import WorkerSetup
 from vesper.proto.v1 import label_party_pb2 as lp_pb
 
@@ -106,6 +114,7 @@ class GraphPartyRun:
         self.keeper: LeaseKeeper | None = None
         self.dataset_path = dataset_path
         self.workers: WorkerGroup | None = None  # party_a.workers > 1: the run's worker processes
+        self.reservation: GroupReservation | None = None  # and its hold on them, from its start
 
     @property
     def epsilon_spent(self) -> float:
@@ -146,6 +155,8 @@ class GraphPartyRun:
                 "releases cannot be split over workers (docs/privacy.md 2.6); resume it with "
                 "party_a.workers = 1 (vesper serve party-a --workers 1); nothing was charged"
             )
+        if self.settings.workers > 1:  # one run at a time: a second is refused now, before any charge
+            self.reservation = GroupReservation(self.settings.workers)
         self._hold_run()
         reply = self._open_session(
             self.run_id, extractor.output_layers, self.checkpoints.resume_step, edge_free_layers(extractor),
@@ -158,6 +169,7 @@ class GraphPartyRun:
         self.summary = summaries.with_release(self.summary, cfg, reply.split, release, plan)
         if not resuming:
             self._create_run(roots, plan, release, reply.split, extractor)
+        self._split_hops(extractor)
         # a resumed run replays the preparation: its releases are recomputed from the same
         # generators, charged again under their keys (the ledger recognises them) and checked
         # against the journal before any is re-sent
@@ -194,9 +206,25 @@ class GraphPartyRun:
         rebuilt it, check_supported), its releases split over worker processes started now, just
         before the first release, each building the run's extractor from the secret generators as
         they stood when rank 0 built it (party_a.workers). A failed start charged nothing."""
+        if self.settings.workers <= 1 or isinstance(unwrapped(extractor), GapExtractor):
+            return extractor, evaluator  # GAP: only its hops were split (_split_hops); its steps read them
+        distributed = DistributedExtractor(extractor, self._start_workers())
+        return distributed, distributed  # type: ignore[return-value]
+
+    def _split_hops(self, extractor: Extractor) -> None:
+        """``party_a.workers`` > 1 and GAP (or relational-gap): its hops split by rows over worker
+        processes started when the hops begin (after the edge-free stage and any pre-training,
+        which rank 0 runs alone) and stopped when they end (party_a.workers.hops)."""
+        inner = unwrapped(extractor)
+        if self.settings.workers <= 1 or not isinstance(inner, GapExtractor):
+            return
+        setup = inner.setup
+        inner.hop_engine = lambda: PartitionedHops(self._start_workers(), setup.graph, setup.noise)
+
+    def _start_workers(self) -> WorkerGroup:
+        """The run's W − 1 worker processes, each building the run's extractor from the secret
+        generators as they stood when rank 0 built it (party_a.workers). A failed start sends nothing."""
         count = self.settings.workers
-        if count <= 1:
-            return extractor, evaluator
         if self.dataset_path is None:
             raise ValueError("party_a.workers > 1 needs the dataset's file, which this run was not given")
         self.report(ProgressEvent("setup", message=f"starting {count - 1} worker processes (party_a.workers = {count})"))
@@ -204,9 +232,12 @@ class GraphPartyRun:
             run_config_json=self.config.model_dump_json(), dataset=self.dataset_path.resolve(),
             device=str(self.ctx.device), delta=self.delta, torch_threads=self.settings.torch_threads,
         )
-        self.workers = WorkerGroup.start(self.settings, setup, self.generators.initial, self.ctx.run_dir())
-        distributed = DistributedExtractor(extractor, self.workers)
-        return distributed, distributed  # type: ignore[return-value]
+        if self.workers is not None:
+            self.workers.close()  # a group that served the run's hops has stopped already; closing twice is safe
+        self.workers = WorkerGroup.start(
+            self.settings, setup, self.generators.initial, self.ctx.run_dir(), self.reservation,
+        )
+        return self.workers
 
     def _hold_run(self) -> None:
         """A run has one trainer (accountant/leases.py): its lease first, before party B hears of the run."""
@@ -332,6 +363,8 @@ class GraphPartyRun:
             self.keeper.stop()
         if self.workers is not None:
             self.workers.close()
+        if self.reservation is not None:
+            self.reservation.release()
         done, summary = self.milestones, self.summary
         if done.run_created and not done.lost_accountant and not done.lost_lease:
             try:

@@ -20,12 +20,17 @@ import torch.distributed as dist
 
 from vesper.common.config import PartyAConfig, RunConfig
 from vesper.party_a.extractors.base import Extractor
+from vesper.party_a.graph_store import Graph
+from vesper.party_a.noise import NoiseSource
 from vesper.party_a.workers.errors import WorkerLost, WorkersUnsupported
 from vesper.party_a.workers.gradients import apply_gradients, flat_gradients
+from vesper.party_a.workers.hops import partitioned_hop
 from vesper.party_a.workers.protocol import (
+    ONE_SHOT_EXTRACTORS,
     PER_STEP_EXTRACTORS,
     BackwardCommand,
     Command,
+    HopCommand,
     ReleaseCommand,
     StopCommand,
     WorkerSetup,
@@ -43,10 +48,11 @@ def check_supported(config: RunConfig, workers: int) -> None:
         return
     name = config.extractor.name
     fix = "set party_a.workers = 1 (vesper serve party-a --workers 1)"
-    if name not in PER_STEP_EXTRACTORS:
+    if name not in PER_STEP_EXTRACTORS + ONE_SHOT_EXTRACTORS:
         raise WorkersUnsupported(
-            f"party_a.workers = {workers} supports the per-step extractors {', '.join(PER_STEP_EXTRACTORS)}, "
-            f"not {name} (its one-shot releases are not split over workers); {fix}; nothing was charged"
+            f"party_a.workers = {workers} supports the per-step extractors {', '.join(PER_STEP_EXTRACTORS)} and "
+            f"GAP's one-shot hops ({', '.join(ONE_SHOT_EXTRACTORS)}; relational-gap's pre-training runs on rank 0 "
+            f"alone), not {name} (its releases are not split over workers); {fix}; nothing was charged"
         )
     audits = [what for what, on in (("canaries", config.audit.canaries), ("membership", config.audit.membership)) if on]
     if audits:
@@ -60,6 +66,26 @@ def check_supported(config: RunConfig, workers: int) -> None:
         )
 
 
+class GroupReservation:
+    """This party A's worker group held for one run: taken at the run's start, before anything is
+    charged, so that a second run is refused then, not when it would start its workers (for GAP,
+    after its edge-free stage and pre-training); released when the run's group closes or the run ends."""
+
+    def __init__(self, workers: int) -> None:
+        if not _ONE_GROUP.acquire(blocking=False):
+            raise WorkersUnsupported(
+                f"another run of this party A is using its {workers} worker processes; start this run when it "
+                "has ended, or set party_a.workers = 1; nothing was charged"
+            )
+        self.held = True
+
+    def release(self) -> None:
+        """Let another run have the group; safe to call twice."""
+        if self.held:
+            self.held = False
+            _ONE_GROUP.release()
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -69,8 +95,11 @@ def free_port() -> int:
 class WorkerGroup:
     """Rank 0 and W-1 worker processes, for one run."""
 
-    def __init__(self, world: int, processes: list[subprocess.Popen], timeout_s: float) -> None:
+    def __init__(
+        self, world: int, processes: list[subprocess.Popen], timeout_s: float, reservation: GroupReservation,
+    ) -> None:
         self.world = world
+        self.reservation = reservation
         self.processes = processes
         self.timeout_s = timeout_s
         self.healthy = True
@@ -81,16 +110,14 @@ class WorkerGroup:
     @classmethod
     def start(
         cls, settings: PartyAConfig, setup: WorkerSetup, states: tuple[torch.Tensor, torch.Tensor],
-        run_dir: Path | None = None,
+        run_dir: Path | None = None, reservation: GroupReservation | None = None,
     ) -> WorkerGroup:
         """Start W-1 workers on this host (or wait for them at ``party_a.workers_listen``), join them,
-        and have each build the run's extractor from the generators' ``states`` at rank 0's build."""
+        and have each build the run's extractor from the generators' ``states`` at rank 0's build.
+        ``reservation``: the run's hold on the group (taken now when None or no longer held)."""
         world = settings.workers
-        if not _ONE_GROUP.acquire(blocking=False):
-            raise WorkersUnsupported(
-                f"another run of this party A is using its {world} worker processes; start this run when it "
-                "has ended, or set party_a.workers = 1; nothing was charged"
-            )
+        if reservation is None or not reservation.held:
+            reservation = GroupReservation(world)
         processes: list[subprocess.Popen] = []
         try:
             # the longest a worker waits for the next command: B's answer, a charge's retries, a checkpoint
@@ -108,7 +135,7 @@ class WorkerGroup:
                 ]
             if run_dir is not None:
                 (run_dir / WORKERS_FILE).write_text(json.dumps({"pids": [p.pid for p in processes]}) + "\n")
-            group = cls(world, processes, timeout)
+            group = cls(world, processes, timeout, reservation)
             with group._lost("joining the group"):
                 dist.init_process_group("gloo", init_method=init, rank=0, world_size=world, timeout=timedelta(seconds=timeout))
             with group._lost("setting the workers up"):
@@ -124,7 +151,7 @@ class WorkerGroup:
             _stop_processes(processes)
             if dist.is_initialized():
                 dist.destroy_process_group()
-            _ONE_GROUP.release()
+            reservation.release()
             raise
 
     def close(self) -> None:
@@ -141,7 +168,7 @@ class WorkerGroup:
             _stop_processes(self.processes, wait_s=10.0 if self.healthy else 0.0)
         finally:
             dist.destroy_process_group()
-            _ONE_GROUP.release()
+            self.reservation.release()
 
     # -- one release ----------------------------------------------------------------------------
     def release(self, extractor: Extractor, roots: torch.Tensor, kind: str) -> torch.Tensor:
@@ -174,6 +201,15 @@ class WorkerGroup:
             dist.reduce(flat, dst=0, op=dist.ReduceOp.SUM)
         apply_gradients(parameters, flat)
         self._changed = True
+
+    def hop(self, command: HopCommand, x_prev: torch.Tensor, graph: Graph, noise: NoiseSource) -> torch.Tensor:
+        """One of GAP's hops: rank 0's block here, the others at the workers; x_k gathered here (CPU)."""
+        self._send(command)
+        with self._lost(f"hop {command.hop} of GAP"):
+            gathered = partitioned_hop(command, x_prev, graph, noise, 0, self.world)
+        if gathered is None:
+            raise RuntimeError("rank 0 gathered no block of the hop")
+        return gathered
 
     # -- faults ---------------------------------------------------------------------------------
     def _send(self, command: Command) -> None:

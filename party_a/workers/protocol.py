@@ -15,6 +15,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 PER_STEP_EXTRACTORS = ("mlp", "pmp-gin", "pmp-gcn")
+# GAP's one-shot hops, each a sparse product over all N rows split by rows over the ranks
+# (party_a.extractors.gap_hops); relational-gap's DP-SGD pre-training runs on rank 0 alone
+ONE_SHOT_EXTRACTORS = ("gap", "relational-gap")
 
 
 class WorkerSetup(BaseModel):
@@ -52,11 +55,25 @@ class BackwardCommand:
 
 
 @dataclass(frozen=True)
+class HopCommand:
+    """One of GAP's hops: rank 0 broadcasts x̃_{hop-1} ([rows, width], float32) next; every rank
+    computes its block of rows of A x̃_{hop-1} + N(0, std² I), keyed by (``key``, ``hop``, node),
+    and rank 0 gathers the blocks (party_a.workers.hops)."""
+
+    hop: int
+    std: float
+    key: tuple[int, int] | None
+    rows: int
+    width: int
+    op: Literal["hop"] = "hop"
+
+
+@dataclass(frozen=True)
 class StopCommand:
     op: Literal["stop"] = "stop"
 
 
-Command = ReleaseCommand | BackwardCommand | StopCommand
+Command = ReleaseCommand | BackwardCommand | HopCommand | StopCommand
 
 
 def split_roots(roots: torch.Tensor, world: int) -> list[torch.Tensor]:

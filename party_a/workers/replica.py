@@ -10,7 +10,7 @@ import torch
 
 from vesper.common.config import RunConfig
 from vesper.party_a.extractors.base import Extractor, ExtractorSetup
-from vesper.party_a.extractors.edge_free_path import build_extractor
+from vesper.party_a.extractors.edge_free_path import build_extractor, unwrapped
 from vesper.party_a.extractors.registry import lookup, validated_params
 from vesper.party_a.run.graph_data import GraphData
 from vesper.party_a.workers.gradients import flat_gradients
@@ -47,6 +47,11 @@ class Replica:
             device=device, sampling_generator=sampling, noise_generator=noise, delta=setup.delta, keyed_noise=True,
         ))
         return cls(extractor, rank)
+
+    @property
+    def setup(self) -> ExtractorSetup:
+        """The replica's set-up: its memory-mapped graph and its (keyed) noise source."""
+        return unwrapped(self.extractor).setup  # type: ignore[attr-defined]
 
     def release(self, command: ReleaseCommand) -> torch.Tensor | None:
         """This rank's share of the release (None: an empty share), from rank 0's state."""

@@ -10,7 +10,8 @@ import torch
 import torch.distributed as dist
 
 from vesper.common.torch_threads import apply_torch_threads
-from vesper.party_a.workers.protocol import BackwardCommand, ReleaseCommand, StopCommand, WorkerSetup
+from vesper.party_a.workers.hops import partitioned_hop
+from vesper.party_a.workers.protocol import BackwardCommand, HopCommand, ReleaseCommand, StopCommand, WorkerSetup
 from vesper.party_a.workers.replica import Replica
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,9 @@ def serve_run(init_method: str, rank: int, world: int, timeout_s: float) -> int:
                 return 0
             if isinstance(command, ReleaseCommand):
                 dist.gather_object(replica.release(command), None, dst=0)
+            elif isinstance(command, HopCommand):  # GAP's hop: this rank's block of rows
+                setup = replica.setup
+                partitioned_hop(command, None, setup.graph, setup.noise, rank, world)
             elif isinstance(command, BackwardCommand):
                 flat = replica.backward(command.gradient)
                 dist.reduce(flat, dst=0, op=dist.ReduceOp.SUM)
