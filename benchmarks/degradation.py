@@ -97,6 +97,15 @@ def cells(
     return [cell(rows, d, e, eps) for d in datasets for e in extractors if e != BASELINE for eps in epsilons]
 
 
+def own_epochs(found: Sequence[DegradationCell]) -> str:
+    """The table's extractors that declare their own epochs, as "gap: 20, …" (none: "none does")."""
+    from vesper.benchmarks.extractor_table import RECIPES
+
+    names = sorted({c.extractor for c in found})
+    own = [f"{name}: {RECIPES[name]['epochs']}" for name in names if "epochs" in RECIPES.get(name, {})]
+    return ", ".join(own) or "none does"
+
+
 def markdown(found: Sequence[DegradationCell], options: UtilityOptions, datasets: Sequence[str]) -> str:
     """The table per graph (a column per ε), then the verdict."""
     epsilons = sorted({c.epsilon for c in found})
@@ -110,7 +119,7 @@ def markdown(found: Sequence[DegradationCell], options: UtilityOptions, datasets
         "metric's mean ± std over seeds (n; p of Welch's one-sided test that the MLP's mean is above it; how "
         "many runs party B kept each of its heads: graph = the extractor's slices, edge-free = the MLP's, "
         f"combined = all). **below**: p < {SIGNIFICANCE:g}. visible-batch, concat "
-        f"decoder, {options.base.epochs} epochs unless the extractor declares its own (GAP, relational and relational-gap: 20; "
+        f"decoder, {options.base.epochs} epochs unless the extractor declares its own ({own_epochs(found)}; "
         "`vesper extractors` lists every default)" + (", in one process (`--in-process`)" if options.in_process else
                                                    ", through the three services") + ".", "",
     ]
