@@ -406,7 +406,8 @@ class PartyAConfig(_Model):
     workers: int = Field(
         1, ge=1, le=1024,
         description="W processes share each release's roots (torch.distributed, party_a.workers): the same "
-        "releases and ledger as 1; per-step extractors (mlp, pmp-gin, pmp-gcn) only; 1 = no process group",
+        "releases and ledger as 1; per-step extractors (mlp, pmp-gin, pmp-gcn) and GAP's hops (gap, relational-gap) "
+        "only; 1 = no process group",
     )
     workers_listen: str | None = Field(
         None, pattern=r"^[^\s:]+:\d{1,5}$",

@@ -126,7 +126,7 @@ def train(
 WorkersOpt = typer.Option(
     1, "--workers", min=1,
     help="Party A's processes (party_a.workers): W share each release's roots, with the same releases and "
-    "ledger as 1. Per-step extractors (mlp, pmp-gin, pmp-gcn).",
+    "ledger as 1. The per-step extractors (mlp, pmp-gin, pmp-gcn) and GAP's hops (gap, relational-gap).",
 )
 
 

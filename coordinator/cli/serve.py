@@ -34,7 +34,7 @@ def serve(
     workers: Optional[int] = typer.Option(
         None, "--workers", min=1,
         help="party A only: W processes share each release's roots (party_a.workers; the same releases and ledger "
-        "as 1). Per-step extractors (mlp, pmp-gin, pmp-gcn).",
+        "as 1). The per-step extractors (mlp, pmp-gin, pmp-gcn) and GAP's hops (gap, relational-gap).",
     ),
 ) -> None:
     """Run party A, party B or the accountant until SIGINT/SIGTERM."""
