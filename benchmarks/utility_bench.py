@@ -124,7 +124,9 @@ def base_run(config: Path | None, epochs: int | None) -> RunConfig:
 def utility_command(
     dataset: Optional[list[str]] = typer.Option(
         None, "--dataset",
-        help="cora, tolokers, synthetic-dense, synthetic-sparse, or an .npz path (repeat; default all four).",
+        help="cora, tolokers, synthetic-dense, synthetic-sparse, or an .npz path (repeat; default all four); "
+        "also twitch-engb, synthetic-heterophilous, and synthetic-dense-100k / synthetic-sparse-100k "
+        "(100,000 nodes whatever --synthetic-nodes says).",
     ),
     extractor: Optional[list[str]] = typer.Option(
         None, "--extractor", help="Extractors (repeat; default every one installed here, node-level ones included)."

@@ -1,6 +1,7 @@
 """The datasets of ``vesper bench utility``, by name: ``cora`` (bundled), ``tolokers`` and
 ``twitch-engb`` (skipped, with the reason, when their file is absent), and ``synthetic-dense`` /
-``synthetic-sparse`` / ``synthetic-heterophilous``,
+``synthetic-sparse`` / ``synthetic-heterophilous`` (N = ``--synthetic-nodes``) and
+``synthetic-dense-100k`` / ``synthetic-sparse-100k`` (N fixed),
 generated once into ``OUT/data/`` from a fixed :class:`SyntheticSpec` recorded in
 ``OUT/data/spec.json``: a resumed benchmark refuses to mix rows of graphs drawn from different
 specs (:class:`SpecMismatch`)."""
@@ -18,7 +19,7 @@ from pydantic import BaseModel
 from rich.console import Console
 
 from vesper.benchmarks.extractor_table import dataset_label
-from vesper.benchmarks.utility_options import SHARED_FILES, SYNTHETIC_PROFILES
+from vesper.benchmarks.utility_options import SHARED_FILES, SYNTHETIC_FIXED, SYNTHETIC_PROFILES
 
 if TYPE_CHECKING:
     from vesper.benchmarks.synthetic import SyntheticSpec
@@ -37,12 +38,20 @@ class SpecMismatch(ValueError):
     """OUT/data/spec.json records another synthetic graph than the one asked for."""
 
 
+def is_synthetic(label: str) -> bool:
+    """Whether the benchmark generates ``label`` (SYNTHETIC_PROFILES or SYNTHETIC_FIXED)."""
+    return label in SYNTHETIC_PROFILES or label in SYNTHETIC_FIXED
+
+
 def synthetic_spec(label: str, nodes: int) -> SyntheticSpec:
-    """The fixed spec of a named synthetic dataset (SYNTHETIC_PROFILES): its profile's defaults,
-    its homophily, seed 0."""
+    """The fixed spec of a named synthetic dataset: its profile's defaults, its homophily, seed 0,
+    and N = ``nodes`` (SYNTHETIC_PROFILES) or its own N, whatever ``nodes`` says (SYNTHETIC_FIXED)."""
     from vesper.benchmarks.synthetic import SyntheticSpec
 
-    profile, homophily = SYNTHETIC_PROFILES[label]
+    if label in SYNTHETIC_FIXED:
+        profile, homophily, nodes = SYNTHETIC_FIXED[label]
+    else:
+        profile, homophily = SYNTHETIC_PROFILES[label]
     return SyntheticSpec(num_nodes=nodes, profile=profile, homophily=homophily, seed=0)
 
 
@@ -151,7 +160,7 @@ def resolve_datasets(
 
     found = []
     for name in names:
-        if name in SYNTHETIC_PROFILES:
+        if is_synthetic(name):
             path = ensure_synthetic(data_dir, name, nodes, labels_with_rows).resolve()
             found.append(BenchDataset(label=name, run_name=str(path), path=path))
         elif name in SHARED_FILES:

@@ -218,6 +218,24 @@ def test_synthetic_graphs_are_deterministic_and_a_other_spec_is_refused(tmp_path
         bench.ensure_synthetic(data, "synthetic-sparse", 300, set())
 
 
+
+def test_the_100k_graphs_keep_their_own_size_and_are_generated_like_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from vesper.benchmarks import utility_datasets
+
+    for label, profile in (("synthetic-dense-100k", "dense"), ("synthetic-sparse-100k", "sparse")):
+        spec = bench.synthetic_spec(label, 2708)
+        assert (spec.num_nodes, spec.profile, spec.homophily, spec.seed) == (100_000, profile, 0.8, 0)
+        assert label not in bench.FULL.datasets  # minutes per run: asked for by name only
+    # the same path as the real ones, at a size a test can afford: --synthetic-nodes does not apply
+    monkeypatch.setitem(utility_datasets.SYNTHETIC_FIXED, "synthetic-dense-100k", ("dense", 0.8, 300))
+    found = bench.resolve_datasets(["synthetic-dense-100k", "synthetic-sparse"], tmp_path, 400, set(), quiet(tmp_path))
+    assert [d.label for d in found] == ["synthetic-dense-100k", "synthetic-sparse"]
+    with np.load(found[0].path) as fixed, np.load(found[1].path) as scaled:
+        assert fixed["node_labels"].size == 300 and scaled["node_labels"].size == 400
+    assert bench.synthetic_spec("synthetic-dense-100k", 5000).num_nodes == 300
+
 # -- findings -----------------------------------------------------------------------------------------
 DENSE = findings.GraphDensity(dataset="dense", nodes=100, edges=1000)  # mean degree 20 > ln 100
 SPARSE = findings.GraphDensity(dataset="sparse", nodes=1000, edges=1000)  # 2 < ln 1000
