@@ -132,7 +132,7 @@ def markdown(rows: Sequence[DemoRow], extractors: Sequence[str], epsilons: Seque
             mean = (f"{statistics.mean(tests):.3f} ± {statistics.stdev(tests):.3f}" if len(tests) > 1
                     else (f"{tests[0]:.3f}" if tests else "—"))
             heads = " / ".join(r.head or "—" for r in done) if any(r.head for r in done) else "—"
-            spent = f"{max(r.epsilon_spent for r in done):.4g}" if done else "—"
+            spent = _fmt(float(f"{max(r.epsilon_spent for r in done):.4g}")) if done else "—"
             seconds = f"{statistics.median(r.seconds for r in done):.1f}" if done else "—"
             lines.append(f"| {extractor} | {_fmt(epsilon)} | {values} | {mean} | {heads} | {spent} | {_noise(done)} | {seconds} |")
     failed = [r for r in rows if r.status != "completed"]
