@@ -21,11 +21,11 @@ from vesper.benchmarks.perf.scale import (
     ScaleOptions,
     ScaleProfile,
     ScaleRun,
-    figures_of,
     generate_graph,
     graph_file,
     read_memory,
 )
+from vesper.benchmarks.perf.scale_report import figures_of
 from vesper.common.csr_cache import CACHE_ENV, csr_cache_entry, drop_csr_cache, load_csr_part, write_symmetric_csr
 from vesper.common.dataset_files import DatasetError, load_graph_part, resolve_dataset
 from vesper.party_a.graph_store import build_graph
@@ -250,6 +250,7 @@ def test_the_goal_is_party_a_under_4_gib_on_the_1m_graph() -> None:
     assert a.passed is True and a.goal == f"< {GOAL_A_PEAK_MIB:.0f} MiB" and a.value == 900.0
     assert (b.value, acc.value, epoch.value) == (300.0, 150.0, 5.0) and gen.value == 1.5
     assert all(f.passed is None for f in (b, acc, epoch, gen))
+    assert a.command == "vesper bench perf --only scale"  # the default pair: no options
     missed = figures_of(_run(sparse, 5000.0))[0]
     assert missed.passed is False and "party-a" in missed.bound
     failed = figures_of(_run(sparse, 900.0, status="failed"))[0]
@@ -339,8 +340,12 @@ def test_a_two_worker_run_reports_each_worker_and_party_as_whole() -> None:
     ]
     assert figures[1].value == 700.0 and figures[2].value == 1600.0
     assert "W = 2 workers" in figures[0].measured and all(f.passed is None for f in figures)
+    assert {f.command for f in figures[:4]} == {
+        "vesper bench perf --only scale --scale-profile sparse-10m --scale-workers 2"
+    }
     one = figures_of(_run(profile, 900.0))
     assert [f.name for f in one][0] == "scale sparse-10m: party A peak RSS (VmHWM)" and len(one) == 5
+    assert one[0].command == "vesper bench perf --only scale --scale-profile sparse-10m"
 
 
 def test_an_unknown_profile_is_refused_by_name() -> None:
