@@ -11,7 +11,8 @@ ending the command:
     accountant   charge latency p50/p99                               (perf/accountant_latency.py)
     sampler      sampler epoch on Tolokers against DGL, same run      (perf/kernels.py, perf/dgl_peer.py)
     layer        PMP layer forward+backward against a sparse GCN      (perf/kernels.py)
-    scale        1M/10M and 100k/10M graphs: epoch time, peak RSS     (perf/scale.py)
+    scale        1M/10M and 100k/10M graphs: epoch time, peak RSS     (perf/scale.py; --scale-profile
+                 sparse-10m for 10M/100M, --scale-workers for A's workers)
 
 The document states the machine (CPU, cores, RAM, torch and its threads, the load average
 before and after), the command, and every figure with its raw numbers, goal, pass/fail and,
@@ -73,7 +74,8 @@ SOURCES: tuple[Source, ...] = (
     Source("layer", "vesper.benchmarks.perf.kernels", "layer_figures",
            "PMP layer forward + backward against a torch sparse-matrix GCN layer"),
     Source("scale", "vesper.benchmarks.perf.scale", "scale_figures",
-           "1M nodes / 10M edges and 100k / 10M: one epoch's time, each service's peak RSS"),
+           "1M nodes / 10M edges and 100k / 10M (or the --scale-profile graphs, e.g. 10M / 100M): one epoch's "
+           "time, each service's peak RSS"),
 )
 SOURCE_NAMES = tuple(source.name for source in SOURCES)
 
