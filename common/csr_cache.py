@@ -8,7 +8,8 @@ private to the process and never reach the cache). The entry is keyed by the fil
 mtime and the zip members' CRC-32s, so a changed file gets a new entry; it is written to
 a temporary directory and renamed into place, so a crashed build leaves nothing a later
 load would take for a cache. The build works through the edges by ranges of source nodes
-(at most ``chunk_pairs`` directed pairs sorted at once) and reads the ``.npz`` members
+(at most ``chunk_pairs`` directed pairs sorted at once; larger chunks for a graph so big
+that it would be read more than about 16 times) and reads the ``.npz`` members
 memory-mapped where they are stored uncompressed (``np.savez``), so a 10M-edge graph is
 built in a few hundred MB.
 """
@@ -49,6 +50,12 @@ MANIFEST = "manifest.json"
 # Directed pairs sorted at once while building: 4M int64 keys are 32 MB, and np.unique's
 # sort needs a few times that.
 DEFAULT_CHUNK_PAIRS = 1 << 22
+# Every range of source nodes reads all the edges once, so a graph of many ranges is read as
+# many times (100M edges: 50 passes over 1.6 GB at the default chunk). Unless a chunk is given,
+# a big graph gets chunks of 2 |E| / this, so it is read about this many times (a few more: a
+# range ends at a node's boundary): 100M edges in ranges of up to 12.5M pairs (100 MB of keys,
+# a few hundred MB for the sort).
+MAX_RANGE_PASSES = 16
 _EDGE_ROWS = 1 << 21  # edge rows read at once (32 MB of int64 pairs)
 _FEATURE_BYTES = 1 << 25  # about this much of the features copied at once
 _COPY_BYTES = 1 << 24
@@ -133,7 +140,13 @@ def csr_cache_entry(path: Path, root: Path | None = None) -> Path:
     return (root or csr_cache_root(path)) / f"{path.stem}-{source_key(path)}"
 
 
-def load_csr_part(path: Path, root: Path | None = None, chunk_pairs: int = DEFAULT_CHUNK_PAIRS) -> CsrPart:
+def chunk_pairs_for(num_edges: int) -> int:
+    """The chunk of a build that names none: the default, or larger for a graph whose edges
+    would otherwise be read more than :data:`MAX_RANGE_PASSES` times."""
+    return max(DEFAULT_CHUNK_PAIRS, -(-2 * num_edges // MAX_RANGE_PASSES))
+
+
+def load_csr_part(path: Path, root: Path | None = None, chunk_pairs: int | None = None) -> CsrPart:
     """Party A's graph and features, memory-mapped from the cache; built first if missing.
 
     An entry whose files disagree with its manifest is removed and built again.
@@ -153,8 +166,9 @@ def load_csr_part(path: Path, root: Path | None = None, chunk_pairs: int = DEFAU
     return open_csr_cache(entry)
 
 
-def _in_memory_part(path: Path, chunk_pairs: int) -> CsrPart:
+def _in_memory_part(path: Path, chunk_pairs: int | None) -> CsrPart:
     edges, features = _graph_arrays(path)
+    chunk_pairs = chunk_pairs or chunk_pairs_for(int(edges.shape[0]))
     num_nodes = int(features.shape[0])
     _check_edges(edges, num_nodes, path)
     blocks = list(_finite_feature_blocks(features, path))
@@ -191,7 +205,7 @@ def open_csr_cache(entry: Path) -> CsrPart:
     return CsrPart(num_nodes=n, indptr=indptr, indices=indices, features=features, entry=entry)
 
 
-def build_csr_cache(path: Path, entry: Path, chunk_pairs: int = DEFAULT_CHUNK_PAIRS) -> CsrManifest:
+def build_csr_cache(path: Path, entry: Path, chunk_pairs: int | None = None) -> CsrManifest:
     """Build ``entry`` from ``path``: validate, symmetrise, de-duplicate, write, rename into place.
 
     Two processes building the same entry at once both succeed: the first rename wins and
@@ -203,6 +217,7 @@ def build_csr_cache(path: Path, entry: Path, chunk_pairs: int = DEFAULT_CHUNK_PA
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", suffix=".tmp", dir=entry.parent))
     try:
         edges, features = _graph_arrays(path)
+        chunk_pairs = chunk_pairs or chunk_pairs_for(int(edges.shape[0]))
         num_nodes, num_features = int(features.shape[0]), int(features.shape[1])
         _check_edges(edges, num_nodes, path)
         _write_npy(tmp / "features.npy", np.float32, features.shape, _finite_feature_blocks(features, path))

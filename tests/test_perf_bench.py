@@ -354,3 +354,29 @@ def test_the_throughput_bound_names_each_difference_and_the_transport_floor() ->
     assert "3.00 ms against B's math 2.00 ms" in text
     assert "1.30 ms (charge receipt" in text and "p50 2.00 ms" in text
     assert "| **step** | **23.30** |" in phase_table(measurements)
+
+
+def test_the_scale_options_reach_the_scale_source_and_bad_ones_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vesper.coordinator.cli import app
+
+    seen: dict[str, object] = {}
+
+    def scale(workdir: Path, profiles: tuple[str, ...] | None = None, workers: tuple[int, ...] | None = None) -> list:
+        seen.update(profiles=profiles, workers=workers)
+        return []
+
+    name = _fake_module(monkeypatch, scale_figures=scale)
+    context = perf.RunContext(workdir=tmp_path, tolokers=tmp_path / "t.npz")
+    assert perf.run_source(perf.Source("scale", name, "scale_figures", "scale"), context).error == ""
+    assert seen == {"profiles": None, "workers": None}  # the source's defaults
+    chosen = context.model_copy(update={"scale_profiles": ["sparse-10m"], "scale_workers": [1, 2]})
+    assert perf.run_source(perf.Source("scale", name, "scale_figures", "scale"), chosen).error == ""
+    assert seen == {"profiles": ("sparse-10m",), "workers": (1, 2)}
+    out = tmp_path / "performance.md"
+    result = CliRunner().invoke(app, ["bench", "perf", "--only", "scale", "--scale-profile", "huge", "--out", str(out)])
+    assert result.exit_code != 0 and "unknown scale profile(s) huge" in result.output and "sparse-10m" in result.output
+    result = CliRunner().invoke(app, ["bench", "perf", "--only", "scale", "--scale-workers", "0", "--out", str(out)])
+    assert result.exit_code != 0 and "at least 1" in result.output
+    assert not out.exists()  # refused before anything ran

@@ -21,11 +21,11 @@ from vesper.benchmarks.perf.scale import (
     ScaleOptions,
     ScaleProfile,
     ScaleRun,
-    figures_of,
     generate_graph,
     graph_file,
     read_memory,
 )
+from vesper.benchmarks.perf.scale_report import figures_of
 from vesper.common.csr_cache import CACHE_ENV, csr_cache_entry, drop_csr_cache, load_csr_part, write_symmetric_csr
 from vesper.common.dataset_files import DatasetError, load_graph_part, resolve_dataset
 from vesper.party_a.graph_store import build_graph
@@ -250,6 +250,7 @@ def test_the_goal_is_party_a_under_4_gib_on_the_1m_graph() -> None:
     assert a.passed is True and a.goal == f"< {GOAL_A_PEAK_MIB:.0f} MiB" and a.value == 900.0
     assert (b.value, acc.value, epoch.value) == (300.0, 150.0, 5.0) and gen.value == 1.5
     assert all(f.passed is None for f in (b, acc, epoch, gen))
+    assert a.command == "vesper bench perf --only scale"  # the default pair: no options
     missed = figures_of(_run(sparse, 5000.0))[0]
     assert missed.passed is False and "party-a" in missed.bound
     failed = figures_of(_run(sparse, 900.0, status="failed"))[0]
@@ -284,3 +285,86 @@ def test_one_epoch_through_the_services_is_measured(tmp_path: Path, cache_root: 
     assert run.step_phases_ms.get("step", 0) > 0
     figures = figures_of(run)
     assert [f.unit for f in figures] == ["MiB", "MiB", "MiB", "s", "s"]
+
+
+def test_a_big_graph_gets_chunks_that_read_its_edges_at_most_max_range_passes_times() -> None:
+    from vesper.common.csr_cache import DEFAULT_CHUNK_PAIRS, MAX_RANGE_PASSES, chunk_pairs_for
+
+    assert chunk_pairs_for(1000) == DEFAULT_CHUNK_PAIRS  # a small graph keeps the default
+    for edges in (10_000_000, 100_000_000, 100_000_003):
+        chunk = chunk_pairs_for(edges)
+        assert chunk >= DEFAULT_CHUNK_PAIRS
+        assert -(-2 * edges // chunk) <= MAX_RANGE_PASSES  # that many chunks (ranges a few more)
+    assert chunk_pairs_for(100_000_000) == 12_500_000
+
+
+def test_the_10m_profile_is_ten_times_the_1m_one_and_not_run_by_default() -> None:
+    from vesper.benchmarks.perf.scale import DEFAULT_PROFILES, PROFILES
+
+    big, small = PROFILES["sparse-10m"], PROFILES["sparse-1m"]
+    assert (big.nodes, big.edges) == (10 * small.nodes, 10 * small.edges) == (10_000_000, 100_000_000)
+    assert big.spec().resolved_mean_degree == small.spec().resolved_mean_degree == 20.0
+    assert big.profile == small.profile and "sparse-10m" not in DEFAULT_PROFILES
+
+
+def test_the_sampler_adds_the_processes_it_discovers_during_the_run(tmp_path: Path) -> None:
+    from vesper.benchmarks.perf.scale import _WorkerFinder
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        finder = _WorkerFinder(tmp_path / "runs", "workers.json", expected=1)
+        with PeakSampler({"me": os.getpid()}, every_s=0.01, discover=finder) as sampler:
+            time.sleep(0.05)
+            assert "party-a worker 1" not in sampler.pids  # no run directory yet
+            (tmp_path / "runs" / "r1").mkdir(parents=True)
+            (tmp_path / "runs" / "r1" / "workers.json").write_text(f'{{"pids": [{child.pid}]}}\n')
+            time.sleep(0.1)
+        assert sampler.pids["party-a worker 1"] == child.pid and finder.names == ["party-a worker 1"]
+        assert sampler.peak_kib("party-a worker 1") > 1000  # a python process: several MiB
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_two_worker_run_reports_each_worker_and_party_as_whole() -> None:
+    profile = ScaleProfile(name="sparse-10m", nodes=10_000_000, edges=100_000_000, profile="sparse")
+    run = _run(profile, 900.0).model_copy(update={
+        "options": ScaleOptions(workers=2), "worker_peak_mib": {"party-a worker 1": 700.0},
+    })
+    figures = figures_of(run)
+    names = [f.name for f in figures]
+    assert names[:3] == [
+        "scale sparse-10m W=2: party A peak RSS (VmHWM)",
+        "scale sparse-10m W=2: party-a worker 1 peak RSS (VmHWM)",
+        "scale sparse-10m W=2: party A peak RSS, all its processes",
+    ]
+    assert figures[1].value == 700.0 and figures[2].value == 1600.0
+    assert "W = 2 workers" in figures[0].measured and all(f.passed is None for f in figures)
+    assert {f.command for f in figures[:4]} == {
+        "vesper bench perf --only scale --scale-profile sparse-10m --scale-workers 2"
+    }
+    one = figures_of(_run(profile, 900.0))
+    assert [f.name for f in one][0] == "scale sparse-10m: party A peak RSS (VmHWM)" and len(one) == 5
+    assert one[0].command == "vesper bench perf --only scale --scale-profile sparse-10m"
+
+
+def test_an_unknown_profile_is_refused_by_name() -> None:
+    from vesper.benchmarks.perf.scale import scale_figures
+
+    with pytest.raises(ValueError, match="unknown scale profile.*huge.*sparse-10m"):
+        scale_figures(Path("unused"), ["huge"])
+
+
+@pytest.mark.slow
+def test_one_epoch_with_two_workers_is_measured_with_each_worker(tmp_path: Path, cache_root: Path) -> None:
+    from vesper.benchmarks.perf.scale import run_profile
+
+    profile = ScaleProfile(name="tiny", nodes=3000, edges=20_000, profile="sparse")
+    graph = generate_graph(profile, tmp_path / profile.file_name())
+    run = run_profile(graph, tmp_path / "run", ScaleOptions(sample_every_s=0.05, workers=2))
+    assert run.status == "completed", run.message
+    assert run.steps == -(-graph.train_roots // 256) and run.epsilon_spent == pytest.approx(8.0)
+    assert list(run.worker_peak_mib) == ["party-a worker 1"] and run.worker_peak_mib["party-a worker 1"] > 50
+    assert set(run.peak_mib) == {"accountant", "party-b", "party-a"}
+    names = [f.name for f in figures_of(run)]
+    assert "scale tiny W=2: party A peak RSS, all its processes" in names

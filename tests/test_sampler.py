@@ -194,3 +194,39 @@ def test_a_restricted_order_is_the_order_of_the_subgraph_without_a_new_sort(n, p
     assert torch.equal(restricted.indptr, fresh.indptr)
     assert torch.equal(restricted.neighbours, fresh.neighbours)
     assert torch.equal(restricted.row_keys, fresh.row_keys)
+
+
+def _one_sort_order(graph, order_key):
+    """The order as one sort of every slot (KeyedOrder.of before it sorted by ranges of rows)."""
+    from vesper.party_a.sampler import _INT32_MIN, _flipped_keys
+
+    rows = graph.slot_rows
+    nodes = torch.arange(graph.num_nodes)
+    keys = _flipped_keys(order_key, nodes, rows, graph.indices, graph.num_nodes).to(torch.int64) - _INT32_MIN
+    row_keys, order = torch.sort((rows << 32) | keys, stable=True)
+    return graph.indices.index_select(0, order), row_keys
+
+
+@pytest.mark.parametrize("chunk_slots", [1, 2, 7, 50, 1 << 24])
+def test_the_order_sorted_by_ranges_of_rows_is_the_one_sort_bit_for_bit(chunk_slots) -> None:
+    """Ranges of a few slots (a hub's row alone in its range, isolated rows between) give the
+    same neighbours and keys as sorting every slot at once."""
+    rng = random.Random(chunk_slots)
+    edges = [(0, v) for v in range(1, 30)]  # a hub of degree 29: wider than most ranges
+    edges += [(rng.randrange(40), rng.randrange(40)) for _ in range(120)]  # nodes 40..59 isolated
+    graph = build_graph(torch.tensor(edges), 60)
+    neighbours, row_keys = _one_sort_order(graph, ORDER_KEY)
+    order = KeyedOrder.of(graph, ORDER_KEY, chunk_slots=chunk_slots)
+    assert torch.equal(order.neighbours, neighbours)
+    assert torch.equal(order.row_keys, row_keys)
+    assert torch.equal(order.indptr, graph.indptr)
+
+
+def test_an_order_of_a_graph_without_edges_is_empty() -> None:
+    order = KeyedOrder.of(build_graph(torch.empty((0, 2), dtype=torch.int64), 4), ORDER_KEY, chunk_slots=3)
+    assert order.neighbours.numel() == 0 and order.row_keys.numel() == 0
+
+
+def test_a_chunk_of_no_slots_is_refused() -> None:
+    with pytest.raises(ValueError, match="chunk_slots"):
+        KeyedOrder.of(build_graph(torch.tensor([[0, 1]]), 2), ORDER_KEY, chunk_slots=0)

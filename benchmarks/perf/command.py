@@ -11,7 +11,8 @@ ending the command:
     accountant   charge latency p50/p99                               (perf/accountant_latency.py)
     sampler      sampler epoch on Tolokers against DGL, same run      (perf/kernels.py, perf/dgl_peer.py)
     layer        PMP layer forward+backward against a sparse GCN      (perf/kernels.py)
-    scale        1M/10M and 100k/10M graphs: epoch time, peak RSS     (perf/scale.py)
+    scale        1M/10M and 100k/10M graphs: epoch time, peak RSS     (perf/scale.py; --scale-profile
+                 sparse-10m for 10M/100M, --scale-workers for A's workers)
 
 The document states the machine (CPU, cores, RAM, torch and its threads, the load average
 before and after), the command, and every figure with its raw numbers, goal, pass/fail and,
@@ -73,7 +74,8 @@ SOURCES: tuple[Source, ...] = (
     Source("layer", "vesper.benchmarks.perf.kernels", "layer_figures",
            "PMP layer forward + backward against a torch sparse-matrix GCN layer"),
     Source("scale", "vesper.benchmarks.perf.scale", "scale_figures",
-           "1M nodes / 10M edges and 100k / 10M: one epoch's time, each service's peak RSS"),
+           "1M nodes / 10M edges and 100k / 10M (or the --scale-profile graphs, e.g. 10M / 100M): one epoch's "
+           "time, each service's peak RSS"),
 )
 SOURCE_NAMES = tuple(source.name for source in SOURCES)
 
@@ -96,6 +98,8 @@ class RunContext(BaseModel):
     workdir: Path
     tolokers: Path
     peer_env: Path | None = None  # DGL 2.1's environment, for the sampler's peer (make bench-peer)
+    scale_profiles: list[str] | None = None  # the scale graphs (None: the source's default)
+    scale_workers: list[int] | None = None  # party A's worker processes per scale run (None: one)
 
 
 FRESH_WORKDIRS = ("throughput", "wire", "accountant")  # fresh services and ledgers every run; scale keeps its graphs
@@ -115,8 +119,13 @@ def _arguments(function: Callable[..., Any], context: RunContext, source: str) -
         offered["peer_env"] = context.peer_env
         if context.quick:
             offered["repeats"] = 1
-    if source == "scale" and "workdir" in parameters:
-        (context.workdir / source).mkdir(parents=True, exist_ok=True)
+    if source == "scale":
+        if "workdir" in parameters:
+            (context.workdir / source).mkdir(parents=True, exist_ok=True)
+        if context.scale_profiles:
+            offered["profiles"] = tuple(context.scale_profiles)
+        if context.scale_workers:
+            offered["workers"] = tuple(context.scale_workers)
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     return {key: value for key, value in offered.items() if accepts_any or key in parameters}
 
@@ -325,6 +334,24 @@ def run_perf(sources: list[Source], context: RunContext, command: str, out: Cons
     )
 
 
+def _check_scale_options(profiles: list[str] | None, workers: list[int] | None) -> None:
+    """Refuse unknown scale profiles and worker counts below one before anything runs."""
+    from vesper.benchmarks.perf.scale import PROFILES  # pydantic only: no numpy or torch here
+
+    unknown = sorted(set(profiles or ()) - set(PROFILES))
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown scale profile(s) {', '.join(unknown)}; known: {', '.join(sorted(PROFILES))}",
+            param_hint="--scale-profile",
+        )
+    bad = [count for count in workers or () if count < 1]
+    if bad:
+        raise typer.BadParameter(
+            f"party A's worker processes must be at least 1, got {bad}; e.g. --scale-workers 1 --scale-workers 2",
+            param_hint="--scale-workers",
+        )
+
+
 def perf_command(
     quick: bool = typer.Option(False, "--quick", help="Small sizes (a smoke test of every source, minutes)."),
     out: Path = typer.Option(DEFAULT_OUT, "--out", help="Where the report goes (markdown)."),
@@ -337,6 +364,15 @@ def perf_command(
     workdir: Path = typer.Option(
         DEFAULT_WORKDIR, "--workdir",
         help="Services, ledgers and the scale graphs (kept: a later run reuses the graphs).",
+    ),
+    scale_profile: Optional[list[str]] = typer.Option(
+        None, "--scale-profile",
+        help="The scale source's graphs (repeat): sparse-1m, dense-100k (the default pair), sparse-10m "
+        "(10M nodes / 100M edges), sparse-20k, dense-2k.",
+    ),
+    scale_workers: Optional[list[int]] = typer.Option(
+        None, "--scale-workers",
+        help="Party A's worker processes in the scale runs (repeat: one run per count, e.g. 1 and 2); default 1.",
     ),
     peer_env: Optional[Path] = typer.Option(
         None, "--peer-env",
@@ -354,11 +390,13 @@ def perf_command(
         raise typer.BadParameter(f"unknown source(s) {', '.join(unknown)}; known: {', '.join(SOURCE_NAMES)}", param_hint="--only")
     chosen = [s for s in SOURCES if not only or s.name in only]
     command = shlex.join(["vesper", "bench", "perf", *sys.argv[3:]]) if sys.argv[1:3] == ["bench", "perf"] else "vesper bench perf"
+    _check_scale_options(scale_profile, scale_workers)
     if peer_env is not None and not (peer_env / "bin" / "python").exists():
         raise typer.BadParameter(f"{peer_env} has no bin/python: build it with make bench-peer", param_hint="--peer-env")
     context = RunContext(
         quick=quick, workdir=workdir.resolve(), tolokers=tolokers.expanduser(),
         peer_env=peer_env.resolve() if peer_env is not None else None,
+        scale_profiles=scale_profile or None, scale_workers=scale_workers or None,
     )
     report = run_perf(chosen, context, command, console)
     # the sources left out by --only are listed as such, so the document says what it does not hold

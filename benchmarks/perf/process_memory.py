@@ -6,6 +6,7 @@ of a run. Used by the scale benchmark (:mod:`vesper.benchmarks.perf.scale`)."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -42,10 +43,15 @@ class PeakSampler:
 
     ``phase(name)`` switches the phase the following samples count for (it takes one sample
     first, so a short phase is never empty); ``snapshot()`` reads every process now.
+    ``discover``, when given, is asked before every sample for processes to add (name -> pid):
+    processes that start during the run.
     """
 
-    def __init__(self, pids: dict[str, int], every_s: float = 0.25) -> None:
-        self.pids = pids
+    def __init__(
+        self, pids: dict[str, int], every_s: float = 0.25, discover: Callable[[], dict[str, int]] | None = None,
+    ) -> None:
+        self.pids = dict(pids)
+        self.discover = discover
         self.every_s = every_s
         self.current = "start"
         self.max_rss_kib: dict[str, dict[str, int]] = {}  # phase -> process -> max VmRSS
@@ -72,7 +78,13 @@ class PeakSampler:
 
     def sample(self) -> dict[str, MemoryReading]:
         readings = {}
-        for name, pid in self.pids.items():
+        if self.discover is not None:
+            found = self.discover()
+            with self._lock:
+                self.pids.update(found)
+        with self._lock:
+            pids = dict(self.pids)
+        for name, pid in pids.items():
             try:
                 readings[name] = read_memory(pid)
             except ProcessLookupError:

@@ -1,12 +1,19 @@
-"""Scale: one epoch on synthetic graphs of 10M edges through the three services, and each
-service's peak memory (issue #9, item 3).
+"""Scale: one epoch on synthetic graphs of 10M (and 100M) edges through the three services,
+and each service's peak memory (issue #9, item 3; issue #25, item 4).
 
-Two graphs from :mod:`vesper.benchmarks.synthetic` (16 float32 features, 2 classes, homophily
-0.8, seed 0):
+Graphs from :mod:`vesper.benchmarks.synthetic` (16 float32 features, 2 classes, homophily
+0.8, seed 0); the first two are the default runs:
 
 * ``sparse-1m``: 1,000,000 nodes, 10,000,000 edges, the sparse profile (half the nodes
   isolated, lognormal sigma 1): mean degree 20 over all nodes, about 40 over the active ones;
-* ``dense-100k``: 100,000 nodes, 10,000,000 edges, the dense profile: mean degree 200.
+* ``dense-100k``: 100,000 nodes, 10,000,000 edges, the dense profile: mean degree 200;
+* ``sparse-10m``: ten times sparse-1m, 10,000,000 nodes and 100,000,000 edges, the same
+  profile and mean degree (``--scale-profile sparse-10m``; its file is about 2.4 GB).
+
+Each run has a count W of party A's worker processes (``party_a.workers``, default 1;
+``--scale-workers 1 --scale-workers 2`` runs each profile with both). With W > 1 the sampler
+also reads each worker process, found by its id in A's ``runs/<id>/workers.json``, and the
+figures add each worker's peak and the sum over A's processes.
 
 Per graph, in order:
 
@@ -33,8 +40,9 @@ event (A loads the graph before it answers); *epoch* = the event before the firs
 step to the last training step (set-up with B and the calibration are a few ms of it);
 *evaluation* = last training step to the summary.
 
-The goal: party A's peak (VmHWM) on sparse-1m under 4 GB (4096 MiB); everything else is
-reported. Command: ``vesper bench perf --only scale``, or this module alone:
+The goal: party A's peak (VmHWM) on sparse-1m with W = 1 under 4 GB (4096 MiB); everything
+else is reported. Command: ``vesper bench perf --only scale`` (``--scale-profile sparse-10m
+--scale-workers 1 --scale-workers 2`` for the 100M-edge runs), or this module alone:
 ``python -m vesper.benchmarks.perf.scale run --workdir .vesper/perf/scale``.
 """
 
@@ -95,9 +103,12 @@ class ScaleProfile(BaseModel):
         return f"synthetic-{self.name}-f{self.features}-seed{self.seed}.npz"
 
 
+DEFAULT_PROFILES = ("sparse-1m", "dense-100k")  # what the command runs unless told (--scale-profile)
 PROFILES: dict[str, ScaleProfile] = {
     "sparse-1m": ScaleProfile(name="sparse-1m", nodes=1_000_000, edges=10_000_000, profile="sparse"),
     "dense-100k": ScaleProfile(name="dense-100k", nodes=100_000, edges=10_000_000, profile="dense"),
+    # ten times sparse-1m (issue #25, item 4); not in the default runs: run it with --scale-profile sparse-10m
+    "sparse-10m": ScaleProfile(name="sparse-10m", nodes=10_000_000, edges=100_000_000, profile="sparse"),
     # small ones: the tests, and trying the command out
     "sparse-20k": ScaleProfile(name="sparse-20k", nodes=20_000, edges=200_000, profile="sparse"),
     "dense-2k": ScaleProfile(name="dense-2k", nodes=2_000, edges=100_000, profile="dense"),
@@ -185,6 +196,16 @@ class ScaleOptions(BaseModel):
         "release + backward on sparse-20k: 232 ms with two threads, 17 ms with one, the time in torch's linear)",
     )
     seed: int = 0
+    workers: int = Field(
+        1, ge=1,
+        description="party A's worker processes (party_a.workers = W): rank 0 in A's own process and W - 1 "
+        "workers, each sampling and encoding its share of every step's roots",
+    )
+
+    @property
+    def label(self) -> str:
+        """How a run's figures name it beside its profile: nothing for one process, ``W=2`` for two."""
+        return "" if self.workers == 1 else f"W={self.workers}"
 
 
 class ScaleRun(BaseModel):
@@ -214,6 +235,10 @@ class ScaleRun(BaseModel):
     )
     step_phases_ms: dict[str, float] = Field(
         default_factory=dict, description="median ms per phase of A's training steps (A's step_timings.json)",
+    )
+    worker_peak_mib: dict[str, float] = Field(
+        default_factory=dict,
+        description="VmHWM of each of A's worker processes (runs/<id>/workers.json), at its last reading",
     )
     samples: int = 0
     load_average: tuple[float, float] = (0.0, 0.0)
@@ -260,16 +285,22 @@ def run_profile(graph: GraphFile, workdir: Path, options: ScaleOptions) -> Scale
 
     if options.cold_cache:
         drop_csr_cache(graph.path)
+    from vesper.party_a.workers.group import WORKERS_FILE
+
     cluster_dir = workdir / "cluster"
     shutil.rmtree(cluster_dir, ignore_errors=True)  # a fresh ledger and fresh run directories
     load_before = os.getloadavg()[0]
     config = run_config(options)
     result = ScaleRun(graph=graph, options=options, status="not started", cpus=os.cpu_count() or 0)
     with _environment("OMP_NUM_THREADS", None if options.threads is None else str(options.threads)):
-        cluster = LocalCluster(cluster_dir, datasets={DATASET_ALIAS: str(graph.path)})
+        cluster = LocalCluster(
+            cluster_dir, datasets={DATASET_ALIAS: str(graph.path)},
+            party_a={"workers": options.workers} if options.workers > 1 else None,
+        )
         with cluster:
             pids = {name: cluster.services[name].process.pid for name in SERVICES}
-            with PeakSampler(pids, options.sample_every_s) as sampler:
+            workers = _WorkerFinder(cluster_dir / "party_a" / "runs", WORKERS_FILE, options.workers - 1)
+            with PeakSampler(pids, options.sample_every_s, discover=workers) as sampler:
                 sampler.phase("load")
                 started = time.monotonic()
                 first_event = train_start = first_step = last_step = last_event = None
@@ -299,7 +330,7 @@ def run_profile(graph: GraphFile, workdir: Path, options: ScaleOptions) -> Scale
                 except grpc.RpcError as error:
                     result.status, result.message = "failed", f"party A: {error.code().name}: {error.details()}"
                 ended = time.monotonic()
-                _record_memory(result, sampler)
+                _record_memory(result, sampler, workers.names)
     result.load_average = (load_before, os.getloadavg()[0])
     result.run_seconds = ended - started
     if first_event is not None:
@@ -317,10 +348,37 @@ def run_profile(graph: GraphFile, workdir: Path, options: ScaleOptions) -> Scale
     return result
 
 
-def _record_memory(result: ScaleRun, sampler: PeakSampler) -> None:
+class _WorkerFinder:
+    """Party A's worker processes, found by their ids in ``runs/<id>/workers.json`` once A has
+    started them (the sampler asks at every sample until all are found)."""
+
+    def __init__(self, runs_dir: Path, file_name: str, expected: int) -> None:
+        self.runs_dir, self.file_name, self.expected = runs_dir, file_name, expected
+        self.names: list[str] = []
+
+    def __call__(self) -> dict[str, int]:
+        if len(self.names) >= self.expected:
+            return {}
+        for path in sorted(self.runs_dir.glob(f"*/{self.file_name}")):
+            try:
+                pids = [int(pid) for pid in json.loads(path.read_text())["pids"]]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # being written: the next sample reads it
+            self.names = [f"party-a worker {rank}" for rank in range(1, len(pids) + 1)]
+            return dict(zip(self.names, pids, strict=True))
+        return {}
+
+
+def _record_memory(result: ScaleRun, sampler: PeakSampler, workers: Sequence[str] = ()) -> None:
     """The services' memory into ``result``, sampled while they still live: lifetime peaks, the
-    heap/file split at the end and each phase's largest RSS; a service gone fails the run."""
+    heap/file split at the end and each phase's largest RSS; a service gone fails the run. A's
+    workers may have ended with the run: each one's peak is its last reading's VmHWM."""
     final = sampler.sample()  # the services still live: their lifetime peaks
+    result.worker_peak_mib = {name: sampler.peak_kib(name) / KIB_PER_MIB for name in workers}
+    if len(workers) < result.options.workers - 1:
+        result.status = "failed"
+        result.message += f" (found {len(workers)} of party A's {result.options.workers - 1} worker processes)"
+    final = {name: reading for name, reading in final.items() if name not in workers}
     result.peak_mib = {name: sampler.peak_kib(name) / KIB_PER_MIB for name in final}
     result.end_split_mib = {
         name: (reading.anon_kib / KIB_PER_MIB, reading.file_kib / KIB_PER_MIB)
@@ -331,9 +389,10 @@ def _record_memory(result: ScaleRun, sampler: PeakSampler) -> None:
         for phase, per in sampler.max_rss_kib.items()
     }
     result.samples = sampler.samples
-    if sampler.gone:
+    gone = sampler.gone - set(workers)
+    if gone:
         result.status = "failed"
-        result.message += f" (gone during the run: {', '.join(sorted(sampler.gone))})"
+        result.message += f" (gone during the run: {', '.join(sorted(gone))})"
 
 
 def _record_cache(result: ScaleRun, graph: GraphFile) -> None:
@@ -368,122 +427,46 @@ def step_phases(run_dir: Path) -> dict[str, float]:
         return {}
 
 
-# -- figures ----------------------------------------------------------------------------------
-def _mib(value: float) -> str:
-    return f"{value:,.0f} MiB"
-
-
-def _split(run: ScaleRun, service: str) -> str:
-    if service not in run.end_split_mib:
-        return "no reading at the end"
-    anon, file = run.end_split_mib[service]
-    return f"at the end {_mib(anon)} heap (RssAnon) + {_mib(file)} file-backed (RssFile: mapped files, libraries)"
-
-
-def _phases_text(run: ScaleRun) -> str:
-    if not run.step_phases_ms:
-        return "no step timings from A"
-    phases = ", ".join(f"{name} {ms:.1f}" for name, ms in run.step_phases_ms.items() if name != "step" and ms >= 0.05)
-    return f"A's median step {run.step_phases_ms.get('step', 0.0):.1f} ms ({phases})"
-
-
-def figures_of(run: ScaleRun) -> list[PerfFigure]:
-    g, name = run.graph, run.graph.profile.name
-    shape = f"{g.nodes:,} nodes / {g.edges:,} edges ({g.profile.profile}, {g.profile.features} features)"
-    ok = run.status == "completed"
-    failure = "" if ok else f"run {run.status}: {run.message}"
-    load = run.load_average
-    context = (
-        f"{shape}; PMP-GCN, ε = {run.options.epsilon:g} visible-batch, batch {run.options.batch_size}; "
-        f"{run.options.threads or 'default'} torch thread(s) per service; "
-        f"load average {load[0]:.1f} → {load[1]:.1f} on {run.cpus} CPUs"
-    )
-    phases = "; ".join(
-        f"{phase}: " + ", ".join(f"{svc} {_mib(v)}" for svc, v in sorted(per.items()))
-        for phase, per in run.max_rss_mib.items()
-    )
-    a_peak = run.peak_mib.get("party-a", 0.0)
-    has_goal = name == GOAL_PROFILE
-    passed = (ok and a_peak < GOAL_A_PEAK_MIB) if has_goal else None
-    cache = (
-        f"cold cache: A built its CSR cache in {run.cache_build_seconds:.1f} s during the load"
-        if run.options.cold_cache and run.cache_build_seconds is not None else "warm cache"
-    )
-    out = [
-        PerfFigure(
-            name=f"scale {name}: party A peak RSS (VmHWM)", value=a_peak, unit="MiB",
-            measured=(
-                f"{_mib(a_peak)} over A's life ({cache}; {_mib(run.a_load_peak_mib)} by the end of the load; "
-                f"{_split(run, 'party-a')}); "
-                f"max sampled VmRSS per phase: {phases}; {context}" + (f"; {failure}" if failure else "")
-            ),
-            goal=f"< {GOAL_A_PEAK_MIB:.0f} MiB" if has_goal else "",
-            passed=passed, direction="lower" if has_goal else "none",
-            bound="" if passed in (True, None) else (failure or f"largest phase VmRSS: {phases}"),
-            command=COMMAND,
-        ),
-    ]
-    for service in ("party-b", "accountant"):
-        out.append(PerfFigure(
-            name=f"scale {name}: {service} peak RSS (VmHWM)", value=run.peak_mib.get(service, 0.0), unit="MiB",
-            measured=(
-                f"{_mib(run.peak_mib.get(service, 0.0))} over its life ({_split(run, service)}); {context}"
-                + (f"; {failure}" if failure else "")
-            ),
-            command=COMMAND,
-        ))
-    rate = run.steps / run.epoch_seconds if run.epoch_seconds > 0 else 0.0
-    out.append(PerfFigure(
-        name=f"scale {name}: one epoch", value=run.epoch_seconds, unit="s",
-        measured=(
-            f"{run.steps} steps over B's {g.train_roots:,} training roots (its split: 50 % of the nodes), "
-            f"{rate:.1f} steps/s; before it A's load {run.load_seconds:.1f} s ({cache}; a warm open "
-            + (f"{run.warm_open_seconds * 1000:.0f} ms" if run.warm_open_seconds is not None else "not measured")
-            + f"); after it the evaluation pass over {g.eval_nodes:,} nodes {run.eval_seconds:.1f} s; "
-            f"whole run {run.run_seconds:.1f} s; {_phases_text(run)}; {context}" + (f"; {failure}" if failure else "")
-        ),
-        command=COMMAND,
-    ))
-    out.append(PerfFigure(
-        name=f"scale {name}: generating the graph", value=g.generate_seconds + g.save_seconds, unit="s",
-        measured=(
-            f"{g.generate_seconds:.1f} s to generate + {g.save_seconds:.1f} s to save, peak RSS "
-            f"{g.generate_peak_mib:,.0f} MiB (a child process)" + ("; reused from an earlier run" if g.reused else "")
-        ),
-        command=f"python -m vesper.benchmarks.perf.scale generate '{g.profile.model_dump_json()}' FILE",
-    ))
-    return out
-
-
 def scale_figures(
-    workdir: Path, profiles: Sequence[str] = ("sparse-1m", "dense-100k"), options: ScaleOptions | None = None,
-    log: Callable[[str], object] = print,
+    workdir: Path, profiles: Sequence[str] | None = None, options: ScaleOptions | None = None,
+    log: Callable[[str], object] = print, workers: Sequence[int] | None = None,
 ) -> list[PerfFigure]:
-    """Generate (or reuse) each profile's graph in ``workdir/data``, run one epoch through the
-    services, and return its figures: A's peak against the goal on sparse-1m, the rest reported.
-    A profile that cannot run (generation fails, a service does not start) gives one failed
-    figure saying why, and the other profiles still run. Each run is kept as
-    ``workdir/PROFILE/scale_run.json``."""
+    """Generate (or reuse) each profile's graph in ``workdir/data`` (``profiles``: default
+    sparse-1m and dense-100k), run one epoch through the services with each count of party A's
+    workers in ``workers`` (default: ``options.workers``), and return the figures: A's peak
+    against the goal on sparse-1m with one process, the rest reported. A run that cannot be made
+    (generation fails, a service does not start) gives one failed figure saying why, and the
+    others still run. Each run is kept as ``workdir/PROFILE[-wW]/scale_run.json``."""
+    from vesper.benchmarks.perf.scale_report import figures_of, run_name
+
     options = options or ScaleOptions()
     workdir = Path(workdir)
+    unknown = sorted(set(profiles or ()) - set(PROFILES))
+    if unknown:
+        raise ValueError(f"unknown scale profile(s) {', '.join(unknown)}; known: {', '.join(sorted(PROFILES))}")
     out: list[PerfFigure] = []
-    for name in profiles:
-        profile = PROFILES[name]
-        try:
-            log(f"scale {name}: generating (or reusing) the graph")
-            graph = graph_file(profile, workdir / "data")
-            log(f"scale {name}: one epoch through the services ({graph.train_roots:,} training roots)")
-            run = run_profile(graph, workdir / name, options)
-        except Exception as exc:  # noqa: BLE001 (a benchmark reports what stopped it, and goes on)
-            out.append(PerfFigure(
-                name=f"scale {name}: party A peak RSS (VmHWM)", value=0.0, unit="MiB", measured="not measured",
-                goal=f"< {GOAL_A_PEAK_MIB:.0f} MiB" if name == GOAL_PROFILE else "",
-                passed=False if name == GOAL_PROFILE else None, direction="lower" if name == GOAL_PROFILE else "none",
-                bound=f"the run could not be made: {type(exc).__name__}: {exc}", command=COMMAND,
-            ))
-            continue
-        (workdir / name / "scale_run.json").write_text(run.model_dump_json(indent=1))
-        out.extend(figures_of(run))
+    for profile_name in profiles or DEFAULT_PROFILES:
+        profile = PROFILES[profile_name]
+        for count in workers or (options.workers,):
+            run_options = options.model_copy(update={"workers": count})
+            name = run_name(profile_name, run_options)
+            goal = name == GOAL_PROFILE
+            try:
+                log(f"scale {name}: generating (or reusing) the graph")
+                graph = graph_file(profile, workdir / "data")
+                log(f"scale {name}: one epoch through the services ({graph.train_roots:,} training roots)")
+                run_dir = workdir / (profile_name if count == 1 else f"{profile_name}-w{count}")
+                run = run_profile(graph, run_dir, run_options)
+            except Exception as exc:  # noqa: BLE001 (a benchmark reports what stopped it, and goes on)
+                out.append(PerfFigure(
+                    name=f"scale {name}: party A peak RSS (VmHWM)", value=0.0, unit="MiB", measured="not measured",
+                    goal=f"< {GOAL_A_PEAK_MIB:.0f} MiB" if goal else "",
+                    passed=False if goal else None, direction="lower" if goal else "none",
+                    bound=f"the run could not be made: {type(exc).__name__}: {exc}", command=COMMAND,
+                ))
+                continue
+            (run_dir / "scale_run.json").write_text(run.model_dump_json(indent=1))
+            out.extend(figures_of(run))
     return out
 
 
@@ -499,6 +482,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument(
         "--profile", action="append", choices=sorted(PROFILES), help="repeatable; default sparse-1m and dense-100k",
     )
+    run.add_argument(
+        "--workers", action="append", type=int, help="party A's worker processes (repeatable: one run each); default 1",
+    )
     run.add_argument("--epsilon", type=float, default=8.0)
     run.add_argument("--warm-cache", action="store_true", help="keep A's CSR cache of the file when it exists")
     run.add_argument("--threads", type=int, default=1, help="torch threads per service; 0: torch's default")
@@ -507,8 +493,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         record = generate_graph(ScaleProfile.model_validate_json(args.profile), args.path)
         print(record.model_dump_json())
         return 0
+    if any(count < 1 for count in args.workers or ()):
+        parser.error(f"--workers must be >= 1, got {args.workers}")
     options = ScaleOptions(epsilon=args.epsilon, cold_cache=not args.warm_cache, threads=args.threads or None)
-    figures = scale_figures(args.workdir, tuple(args.profile or ("sparse-1m", "dense-100k")), options)
+    figures = scale_figures(args.workdir, args.profile, options, workers=args.workers)
     for figure in figures:
         verdict = "" if figure.passed is None else (" PASS" if figure.passed else " FAIL")
         print(f"{figure.name}: {figure.value:,.1f} {figure.unit}{verdict}  [{figure.goal}]\n    {figure.measured}")
