@@ -47,9 +47,9 @@ WHEELS = ".wheelhouse/images/cp311"  # make wheelhouse-images
 SERVICES = ("accountant", "party-b", "party-a")  # the order they start in
 CONFIG = {"accountant": "accountant.toml", "party-b": "bank.toml", "party-a": "platform.toml"}
 IMAGE_UID = 10001
-# a short run: Cora (bundled in the package, both parties read it), 22 steps an epoch, a
-# checkpoint every 5 steps
-RUN_FLAGS = ["--dataset", "cora", "--epochs", "2", "--batch-size", "64", "--epsilon", "8"]
+# a short run of PMP-GCN (per-step releases, a charge every step) on Cora (bundled in the package,
+# both parties read it), 22 steps an epoch, a checkpoint every 5 steps
+RUN_FLAGS = ["--dataset", "cora", "--extractor", "pmp-gcn", "--epochs", "2", "--batch-size", "64", "--epsilon", "8"]
 KILL_AFTER_STEPS = 13  # B's receipts of the run when its container is killed
 PARTY_A_EXTRA = {"checkpoint_every": 5, "step_timeout_s": 30.0, "peer_retry_s": 30.0}
 # The bank's shipped config insists on label privacy (rr or pate), and party A refuses to resume
