@@ -188,8 +188,9 @@ def _run_cells(names: Sequence[str], epsilons: Sequence[float], seeds: Sequence[
         return
     with LocalCluster(workdir.resolve()) as cluster:
         for index, (epsilon, seed, name) in enumerate(todo, 1):
-            run = demo_run(epsilon, seed, None if name == DEFAULT_EXTRACTOR else name)
-            if name == BASELINE:
+            if name == BASELINE:  # the demo's baseline: its default run with the MLP
                 run = baseline_of(demo_run(epsilon, seed, None))
+            else:
+                run = demo_run(epsilon, seed, None if name == DEFAULT_EXTRACTOR else name)
             console.print(f"[{index}/{len(todo)}] {name}, ε = {_fmt(epsilon)}, seed {seed}", highlight=False)
             append_row(out, row_of(drive_run(cluster.party_a_address, run, console), seed))
