@@ -22,6 +22,10 @@
 #   TAG              the images' tag (default 0.1.0: vesper-accountant:0.1.0, ...)
 #   ENGINE           podman or docker (default podman if installed); with podman,
 #                    CONTAINERS_CONF defaults to deploy/containers.conf
+# The images a build replaces (the same tag's previous image, and the previous install stage, kept
+# as vesper-install:TAG so its layers are reused) are removed after it with their untagged layers,
+# so building again and again (a CI runner, a developer) does not fill the disk; one that a
+# container still uses is kept, with a line saying so.
 # Prints each image's build time. Exit: 0 built; 2 set-up (a tool, a wheel directory); else the
 # engine's own exit status.
 set -euo pipefail
@@ -63,12 +67,33 @@ else
     format=(--format docker)  # podman's default, OCI, drops HEALTHCHECK
 fi
 
+image_id() { "$engine" image inspect --format '{{.Id}}' "$1" 2>/dev/null || true; }
+# build IMAGE [ENGINE BUILD ARGUMENTS...]: build and tag IMAGE, then remove the image the tag named
+# before (podman and docker remove its untagged parent layers with it)
+build() {
+    local image="$1" old new begun
+    shift
+    old=$(image_id "$image")
+    begun=$(date +%s)
+    "$engine" build "${format[@]}" "$@" -t "$image" "${args[@]}" . \
+        || { code=$?; echo "build-images: $image failed ($code)" >&2; exit "$code"; }
+    new=$(image_id "$image")
+    if [ -n "$old" ] && [ "$old" != "$new" ]; then
+        "$engine" rmi "$old" >/dev/null 2>&1 \
+            && echo "== build-images: removed the image $image replaced (${old:0:12})" \
+            || echo "== build-images: kept the image $image replaced (${old:0:12}): in use"
+    fi
+    echo "== build-images: $image in $(( $(date +%s) - begun )) s"
+}
+
 for service in "${services[@]}"; do
     [ -f "deploy/$service.Dockerfile" ] || { echo "build-images: no deploy/$service.Dockerfile" >&2; exit 2; }
-    begun=$(date +%s)
-    echo "== build-images: vesper-$service:$tag FROM $BASE_IMAGE${WHEELS:+, wheels $WHEELS}${PIP_INDEX_URL:+, index $PIP_INDEX_URL}"
-    "$engine" build "${format[@]}" -f "deploy/$service.Dockerfile" -t "vesper-$service:$tag" "${args[@]}" . \
-        || { code=$?; echo "build-images: vesper-$service:$tag failed ($code)" >&2; exit "$code"; }
-    echo "== build-images: vesper-$service:$tag in $(( $(date +%s) - begun )) s"
+done
+# the install stage, the same in the three Dockerfiles: built (and tagged) once, reused by each
+echo "== build-images: the install stage FROM $BASE_IMAGE${WHEELS:+, wheels $WHEELS}${PIP_INDEX_URL:+, index $PIP_INDEX_URL}"
+build "vesper-install:$tag" -f "deploy/${services[0]}.Dockerfile" --target install
+for service in "${services[@]}"; do
+    echo "== build-images: vesper-$service:$tag FROM $BASE_IMAGE"
+    build "vesper-$service:$tag" -f "deploy/$service.Dockerfile"
 done
 echo "== build-images: ${services[*]} in $(( $(date +%s) - started )) s"

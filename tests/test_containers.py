@@ -74,6 +74,12 @@ def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.C
     return result
 
 
+def image_id(name: str) -> str | None:
+    """The id the tag `name` names now, None where there is no such image."""
+    result = podman("image", "inspect", "--format", "{{.Id}}", name, check=False)
+    return result.stdout.strip() or None if result.returncode == 0 else None
+
+
 def vesper(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """The host's `vesper` (this checkout), as an operator runs it next to the containers."""
     return subprocess.run([sys.executable, "-m", "vesper.coordinator", *args], capture_output=True, text=True,
@@ -112,10 +118,17 @@ def images(request: pytest.FixtureRequest) -> dict[str, float]:
     timings["wheel directory"] = time.monotonic() - started
     started = time.monotonic()
     env = podman_env() | {"BASE_IMAGE": BASE_IMAGE, "WHEELS": WHEELS, "ENGINE": "podman"}
+    tagged = ["vesper-install:0.1.0", *(f"vesper-{service}:0.1.0" for service in SERVICES)]
+    before = {name: image_id(name) for name in tagged}
     build = subprocess.run([str(DEPLOY / "build-images.sh"), *SERVICES], capture_output=True, text=True, env=env,
                            timeout=3000, cwd=ROOT)
     assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
     timings["three images"] = time.monotonic() - started
+    # a build removes the images it replaced, so building on every run does not fill the disk
+    for name, previous in before.items():
+        if previous and previous != image_id(name):
+            assert podman("image", "exists", previous, check=False).returncode != 0, \
+                f"the image {name} replaced ({previous[:12]}) is still stored: {build.stdout[-2000:]}"
     print("\n" + "\n".join(line for line in build.stdout.splitlines() if line.startswith("== build-images")))
     return timings
 
