@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(BIN)/vesper demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" --durations=15
 
 # the long drills (kill -9 and resume of each service, the install steps of the images in a
 # fresh virtual environment, two hosts in network namespaces); .ci/run runs them too
