@@ -37,5 +37,10 @@ def ledger(status_url: str, run_id: str) -> dict:
 
 def fast_run(*extra: str) -> list[str]:
     """Flags for a short Cora run of PMP-GCN (per-step releases, a charge every step), unless
-    ``extra`` names another extractor (the last --extractor wins)."""
-    return ["--dataset", "cora", "--extractor", "pmp-gcn", "--epochs", "2", "--batch-size", "256", *extra]
+    ``extra`` names another extractor (the last --extractor wins). The edge-free path's own
+    stage is off (an extractor released once would train it 48 epochs before these 2; its
+    test names it: test_e2e_gap), unless ``extra`` sets it (the last wins)."""
+    return [
+        "--dataset", "cora", "--extractor", "pmp-gcn", "--epochs", "2", "--batch-size", "256",
+        "--edge-free-path-epochs", "0", *extra,
+    ]

@@ -21,7 +21,7 @@ def test_demo_trains_reports_and_shuts_down(tmp_path: Path) -> None:
     out = tmp_path / "demo.json"
     result = subprocess.run(
         [sys.executable, "-m", "vesper.coordinator", "demo", "--workdir", str(tmp_path / "demo"),
-         "--epochs", "3", "--json-out", str(out)],
+         "--epochs", "3", "--edge-free-path-epochs", "0", "--json-out", str(out)],
         capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "120"},
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -64,9 +64,12 @@ def test_demo_trains_reports_and_shuts_down(tmp_path: Path) -> None:
 
 # small settings keep each run short; the extractors' own tests cover their defaults
 # (relational runs in the pate demo below)
+# (the edge-free path's own stage: test_e2e_gap)
+NO_PATH_STAGE = ["--edge-free-path-epochs", "0"]
 QUICK = {
-    "gap": ["--param", "encoder_epochs=2"], "vfgnn": [], "dpar-edge": [], "dpar-node": ["--param", "train_encoder=false"],
-    "relational-gap": ["--param", "pretrain_steps=10", "--param", "encoder_epochs=2", "--edge-bound", "5278"],
+    "gap": ["--param", "encoder_epochs=2", *NO_PATH_STAGE], "vfgnn": [], "dpar-edge": [],
+    "dpar-node": ["--param", "train_encoder=false"],
+    "relational-gap": ["--param", "pretrain_steps=10", "--param", "encoder_epochs=2", "--edge-bound", "5278", *NO_PATH_STAGE],
     "heterpoisson": ["--batch-size", "512", "--dim", "16"],
 }
 

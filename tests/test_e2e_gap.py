@@ -1,6 +1,7 @@
 """GAP through the real services: the encoder stage, K one-shot hops, free training and evaluation.
 
-Checks, on Cora with K = 2 hops and a 2-epoch encoder stage: the run completes within its
+Checks, on Cora with K = 2 hops, a 2-epoch encoder stage and a 1-epoch stage of the edge-free
+path (docs/privacy.md, section 2.5): the run completes within its
 budget; the ledger holds exactly K counted one-shot Gaussian rows and only no-op train/eval
 rows; the calibrated z and ε spent do not depend on the number of epochs; a fixed z spends
 exactly ε(K × Gaussian(z)); and every tensor B received (stage, training, evaluation) was
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.e2e
 
 HOPS = 2
 ENCODER_EPOCHS = 2
+PATH_EPOCHS = 1  # the edge-free path's own stage, after the hops
 CORA_STEPS = 6  # ceil(train nodes / 256) for Cora's stratified split
 CORA_DELTA = DEFAULT_DELTA  # declared, never 1/|E| (docs/privacy.md, section 1)
 
@@ -39,7 +41,8 @@ def cluster(tmp_path_factory):
 
 def gap_run(cluster: LocalCluster, out: Path, epochs: int, *extra: str) -> dict:
     args = fast_run(
-        "--extractor", "gap", "--layers", str(HOPS), "--param", f"encoder_epochs={ENCODER_EPOCHS}", *extra,
+        "--extractor", "gap", "--layers", str(HOPS), "--param", f"encoder_epochs={ENCODER_EPOCHS}",
+        "--edge-free-path-epochs", str(PATH_EPOCHS), *extra,
     )
     args[args.index("--epochs") + 1] = str(epochs)
     code, output = vesper("train", "--party-a", cluster.party_a_address, *args, "--json-out", str(out))
@@ -73,12 +76,14 @@ def test_ledger_has_k_one_shot_rows_and_only_free_training(cluster: LocalCluster
         rows = record["rows"]
         one_shot = [r for r in rows if r["kind"] == "one-shot"]
         assert len(one_shot) == HOPS and all(r["counted"] and r["num_nodes"] == 2708 for r in one_shot)
-        # order: the edge-free encoder stage, then the K hops, then the classifier's training
+        # order: the edge-free encoder stage, the K hops, the path's stage, then the classifier's training
         stage = ENCODER_EPOCHS * CORA_STEPS
         assert [r["seq"] for r in one_shot] == list(range(stage, stage + HOPS))
         assert all(r["pass_id"].startswith("encoder-") for r in rows if r["seq"] < stage)
+        path = [r["seq"] for r in rows if r["pass_id"].startswith("edge-free-path-")]
+        assert path == list(range(stage + HOPS, stage + HOPS + PATH_EPOCHS * CORA_STEPS))
         train = [r for r in rows if r["kind"] == "train"]
-        assert len(train) == (ENCODER_EPOCHS + epochs) * CORA_STEPS == summary["steps"]
+        assert len(train) == (ENCODER_EPOCHS + PATH_EPOCHS + epochs) * CORA_STEPS == summary["steps"]
         assert all("NoOpDpEvent" in r["release_event"] for r in train + [r for r in rows if r["kind"] == "eval"])
         # ε is 0 through the stage, and stops moving once the last hop is charged
         assert {r["epsilon_after"] for r in rows if r["seq"] < stage} == {0.0}
@@ -108,6 +113,8 @@ def test_b_received_only_charged_releases(cluster: LocalCluster, calibrated: dic
         streams = {
             "stage": ([e for e in receipts(log, f"{run_id}.encoder") if e["kind"] == "train"],
                       [r for r in rows if r["pass_id"].startswith("encoder-")]),
+            "path stage": ([e for e in receipts(log, f"{run_id}.edge-free-path") if e["kind"] == "train"],
+                           [r for r in rows if r["pass_id"].startswith("edge-free-path-")]),
             "train": ([e for e in receipts(log, run_id) if e["kind"] == "train"],
                       [r for r in rows if r["pass_id"].startswith("train-")]),
             "eval": ([e for e in receipts(log, run_id) if e["kind"] == "eval"],
@@ -119,3 +126,4 @@ def test_b_received_only_charged_releases(cluster: LocalCluster, calibrated: dic
                 assert entry["num_nodes"] == row["num_nodes"], name
                 assert entry["received_at"] >= _time(row["created_at"]), f"{name}: received before charged"
         assert len(streams["stage"][0]) == ENCODER_EPOCHS * CORA_STEPS
+        assert len(streams["path stage"][0]) == PATH_EPOCHS * CORA_STEPS

@@ -78,6 +78,9 @@ def test_status_lists_runs_and_reads_a_ledger_file(cluster: LocalCluster) -> Non
     assert code == 1 and "unknown run id" in output
 
 
+# two full-length Cora runs (~30 s on a quiet machine, 76 s under load): make test-slow, which
+# .ci/run runs too, keeps make test inside its 10 minutes
+@pytest.mark.slow
 def test_pmp_gcn_beats_mlp_by_five_points_without_noise(cluster: LocalCluster, tmp_path: Path) -> None:
     results = {}
     for extractor in ("pmp-gcn", "mlp"):

@@ -3,14 +3,23 @@ extractor's release carries the MLP's layers, and B keeps the better head by val
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from vesper.common.config import DecoderConfig, ExtractorConfig, OptimizerConfig, PrivacyConfig, RunConfig
 from vesper.common.dataset_files import resolve_dataset
-from vesper.party_a.extractors.base import ExtractorSetup, RootPlan
-from vesper.party_a.extractors.edge_free_path import WithEdgeFreePath, build_extractor, edge_free_layers, unwrapped
+from vesper.party_a.extractors.base import ExtractorSetup, RootPlan, Stage
+from vesper.party_a.extractors.edge_free_path import (
+    PATH_STAGE,
+    WithEdgeFreePath,
+    baseline_epochs,
+    build_extractor,
+    edge_free_layers,
+    unwrapped,
+)
 from vesper.party_a.extractors.pmp_plugin import MlpPlugin
 from vesper.party_a.extractors.registry import installed, lookup, validated_params
 from vesper.party_a.graph_store import build_graph
@@ -21,13 +30,13 @@ from vesper.party_b.session import LabelSession, SplitScores
 NODES = 30
 
 
-def _setup(name: str, path: bool = True, seed: int = 4) -> ExtractorSetup:
+def _setup(name: str, path: bool = True, seed: int = 4, epochs: int = 50, **extractor: Any) -> ExtractorSetup:
     edges = torch.tensor([[i, (i + 1) % NODES] for i in range(NODES)] + [[i, (i + 7) % NODES] for i in range(NODES)])
     config = RunConfig(
-        dataset="tiny", seed=3, privacy=PrivacyConfig(epsilon=8.0, edge_bound=200),
+        dataset="tiny", seed=3, epochs=epochs, privacy=PrivacyConfig(epsilon=8.0, edge_bound=200),
         extractor=ExtractorConfig(
             name=name, layers=2, fanout=3, dim=5, encoder_hidden=7, dropout=0.5, noise_multiplier=1.0,
-            edge_free_path=path, params={"encoder_epochs": 0} if name == "gap" else {},
+            edge_free_path=path, params={"encoder_epochs": 0} if name == "gap" else {}, **extractor,
         ),
     )
     return ExtractorSetup(
@@ -100,6 +109,55 @@ def test_b_s_gradient_trains_the_path_even_when_the_extractor_trains_nothing() -
     release.backward(torch.ones_like(release))
     optimizer.step()
     assert any(not torch.equal(b, p) for b, p in zip(before, parameters, strict=True))
+
+
+def test_a_one_shot_extractor_s_path_first_trains_alone_for_the_rest_of_the_baseline_s_epochs() -> None:
+    """GAP stops at 20 epochs to spare its fixed noise; its path then trains 30 alone first, so A's
+    MLP layers train the baseline's 50 in all. Free: a stage's releases are no-op, the rules unchanged."""
+    assert baseline_epochs() == 50
+    short = build_extractor(lookup("gap"), _setup("gap", epochs=20))
+    plan, unstaged = short.charge_plan(ROOTS), build_extractor(lookup("gap"), _setup("gap", epochs=50)).charge_plan(ROOTS)
+    assert plan.stages == (Stage(name=PATH_STAGE, epochs=30, layers=2),) and unstaged.stages == ()
+    assert plan.rules == unstaged.rules and plan.one_shot_releases == unstaged.one_shot_releases
+    assert plan.details["edge_free_path"]["stage_epochs"] == 30
+    assert sum(p.kind == "train" for p in plan.passes(20, ROOTS)) == 30 + 20  # calibration covers the stage
+    set_ = build_extractor(lookup("gap"), _setup("gap", epochs=20, edge_free_path_epochs=4)).charge_plan(ROOTS)
+    assert [s.epochs for s in set_.stages] == [4]
+    assert build_extractor(lookup("gap"), _setup("gap", epochs=20, edge_free_path_epochs=0)).charge_plan(ROOTS).stages == ()
+    # a per-step extractor's path trains with its charged steps: no stage, and asking for one is refused
+    assert build_extractor(lookup("pmp-gcn"), _setup("pmp-gcn", epochs=5)).charge_plan(ROOTS).stages == ()
+    with pytest.raises(ValueError, match="only an extractor released once"):
+        build_extractor(lookup("pmp-gcn"), _setup("pmp-gcn", edge_free_path_epochs=3))
+
+
+def test_the_path_s_stage_trains_its_mlp_alone_after_the_extractor_s_preparation() -> None:
+    extractor = build_extractor(lookup("gap"), _setup("gap", epochs=48))
+    extractor.bind(1.0)
+    calls: list[str] = []
+
+    class Session:
+        roots = ROOTS
+
+        def charge_one_shot(self, index, node_ids):
+            calls.append(f"hop {index}")
+
+        def progress(self, message):
+            pass
+
+        def train_stage(self, stage, release, parameters):
+            calls.append(stage.name)
+            parameters = list(parameters)
+            assert stage.epochs == 2 and parameters == extractor.path.trainable_parameters()
+            out = release(torch.arange(4))
+            assert out.shape == (4, 5, 2) and out.requires_grad  # the path's L_f slices alone
+            before = [p.detach().clone() for p in parameters]
+            optimizer = torch.optim.SGD(parameters, lr=0.5)
+            out.sum().backward()
+            optimizer.step()
+            assert any(not torch.equal(b, p) for b, p in zip(before, parameters, strict=True))
+
+    extractor.prepare(Session())
+    assert calls == ["hop 0", "hop 1", PATH_STAGE]  # after the hops: their noise is drawn as without the path
 
 
 def test_each_part_of_the_release_learns_from_its_own_head_only() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from vesper.common.config import RunConfig
+from vesper.party_a.extractors.edge_free_path import baseline_epochs
 from vesper.party_a.extractors.registry import installed, lookup, with_run_defaults
 
 
@@ -61,3 +62,7 @@ def test_party_a_trains_gap_with_its_defaults_and_says_so(tmp_path: Path) -> Non
     # the main pass (label ""; GAP's edge-free encoder stage is labelled and has its own epochs)
     main = {e.epochs for e in events if e.phase == "train" and e.epochs and not e.message}
     assert main == {lookup("gap").spec.run_defaults["epochs"]}
+    # the edge-free path trains alone first for the rest of the MLP baseline's epochs (docs/privacy.md, 2.5)
+    path = {e.epochs for e in events if e.phase == "train" and e.epochs and e.message.startswith("edge-free-path")}
+    assert path == {baseline_epochs() - main.pop()} == {30}
+    assert summary.steps == (lookup("gap").spec.params().encoder_epochs + 30 + 20) * 6  # 6 steps of 256 roots

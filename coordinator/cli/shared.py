@@ -156,6 +156,12 @@ EdgeRateOpt = typer.Option(
     None, "--edge-sample-rate",
     help="q: A keeps a secret Poisson sample of its edges at this rate per release, credited under visible-batch.",
 )
+PathEpochsOpt = typer.Option(
+    None, "--edge-free-path-epochs", min=0,
+    help="Epochs the edge-free path (the MLP's layers every edge-level release carries) trains alone with B "
+    "first, for an extractor released once (gap, relational-gap): default the MLP baseline's epochs minus the "
+    "run's, so the path trains as long as the baseline; 0 = none. Free: it reads no edge.",
+)
 JsonOutOpt = typer.Option(None, "--json-out", help="Write the run summary as JSON to this file.")
 BatchOpt = typer.Option(None, "--batch-size", help="Roots per training step.", min=1)
 LayersOpt = typer.Option(None, "--layers", help="L, message-passing layers.", min=1)
@@ -222,6 +228,7 @@ def run_overrides(**kw: Any) -> dict[str, Any]:
         "wire_dtype": kw["wire_dtype"],
         "extractor.dim": kw["dim"],
         "extractor.dropout": kw["dropout"],
+        "extractor.edge_free_path_epochs": kw.get("edge_free_path_epochs"),
         **{f"extractor.params.{key}": value for key, value in parse_params(kw["param"]).items()},
         "label_privacy.mode": kw["label_privacy"],
         "label_privacy.epsilon": parse_epsilon(kw["label_epsilon"]),

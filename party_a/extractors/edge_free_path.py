@@ -12,7 +12,14 @@ The MLP reads no edge, so the appended slices cost nothing under edge-level DP a
 trained end to end with B every step (A's optimiser updates both parts from B's gradient).
 Party B builds three heads (party_b.decoders.FallbackDecoder): one over the extractor's
 slices, one over the last ``L_f`` alone (exactly the MLP baseline's decoder) and one over all,
-trains them together and keeps the one that scores best on its validation nodes. The charge plan is the extractor's own:
+trains them together and keeps the one that scores best on its validation nodes.
+
+An extractor released once (one-shot) stops its run early to spare its fixed noise (GAP: 20
+epochs), which would leave the path an MLP trained 20 epochs where the baseline trains 50:
+0.716 against 0.746 on Cora at ε = 4 (docs/utility.md, section 7). So for such an extractor
+the path first trains alone with B, in an edge-free stage of its own (``edge-free-path``),
+for E_pre = E_mlp − E epochs (``extractor.edge_free_path_epochs`` sets another number), and the
+run's E epochs then train it on: E_mlp in all, the baseline's. The charge plan is the extractor's own:
 the appended part is a function of A's features, A's parameters (updated only from B's
 gradients of charged releases) and dropout masks keyed like every other (docs/privacy.md,
 section 2.5). The whole-release test runs every registered extractor through
@@ -29,11 +36,13 @@ from torch import nn
 from vesper.common.config import RunConfig
 from vesper.party_a.extractors.base import (
     ChargePlan,
+    CostModel,
     Extractor,
     ExtractorSetup,
     PrepareSession,
     ReleaseKind,
     RootPlan,
+    Stage,
     shuffled_batches,
 )
 from vesper.party_a.extractors.pmp_plugin import MlpPlugin
@@ -56,12 +65,44 @@ def wants_path(cls: type[Extractor], setup: ExtractorSetup) -> bool:
     )
 
 
+PATH_STAGE = "edge-free-path"
+
+
+def baseline_epochs() -> int:
+    """E_mlp: the epochs the MLP baseline trains with its defaults (its run_defaults, else the run's)."""
+    return int(MlpPlugin.spec.run_defaults.get("epochs", RunConfig.model_fields["epochs"].default))
+
+
+def path_stage_epochs(cost_model: CostModel, config: RunConfig) -> int:
+    """E_pre, the epochs of the path's own edge-free stage, for an extractor of ``cost_model``.
+
+    Only an extractor released once has one: its training releases are free (no-op), as a
+    stage's must be, while a per-step extractor's path trains with its charged steps. Set:
+    ``extractor.edge_free_path_epochs``; else E_mlp − E (none when the run trains as long, or
+    under PATE, whose A trains nothing with B's labels before the answered queries).
+    """
+    if cost_model != "one-shot":
+        return 0
+    if config.extractor.edge_free_path_epochs is not None:
+        return config.extractor.edge_free_path_epochs
+    if config.label_privacy.mode == "pate":
+        return 0
+    return max(0, baseline_epochs() - config.epochs)
+
+
 def build_extractor(cls: type[Extractor], setup: ExtractorSetup) -> Extractor:
     """The run's extractor: ``cls(setup)``, with the edge-free path where :func:`wants_path` says so.
 
     The extractor is built first: it draws its own secrets from A's generators in the same order
     as without the path; the MLP's construction draws none (it samples nothing).
     """
+    stage_epochs = setup.config.extractor.edge_free_path_epochs
+    if stage_epochs and cls.spec.cost_model != "one-shot":
+        raise ValueError(
+            f"extractor.edge_free_path_epochs = {stage_epochs}: only an extractor released once (one-shot) trains "
+            f"its edge-free path in a stage of its own; {cls.spec.name}'s path trains with its charged steps. "
+            "Leave it unset"
+        )
     extractor = cls(setup)
     return WithEdgeFreePath(extractor, MlpPlugin(setup)) if wants_path(cls, setup) else extractor
 
@@ -115,15 +156,23 @@ class WithEdgeFreePath(nn.Module):
     def noise_std(self, value: float) -> None:
         self.inner.noise_std = value
 
+    def path_stage(self) -> Stage | None:
+        """The path's own edge-free stage (E_pre epochs of its L_f slices), or None."""
+        epochs = path_stage_epochs(self.spec.cost_model, self.setup.config)
+        return Stage(name=PATH_STAGE, epochs=epochs, layers=self.path.output_layers) if epochs else None
+
     def charge_plan(self, roots: RootPlan) -> ChargePlan:
-        """The extractor's plan: the path reads no edge, so every rule stays as it is."""
+        """The extractor's plan: the path reads no edge, so every rule stays as it is; its own
+        stage, if any, comes after the extractor's (no-op train releases, as every stage's)."""
         plan = self.inner.charge_plan(roots)
+        stage = self.path_stage()
         details = {**plan.details, "edge_free_path": {
             "layers": self.path.output_layers, "charged": "nothing: the MLP's layers read no edge",
+            "stage_epochs": stage.epochs if stage else 0,
         }}
         return ChargePlan(
-            plan.rules, plan.sensitivity, plan.one_shot_releases, plan.pre_train_releases, plan.stages,
-            plan.participation_bound, details, plan.prediction_passes,
+            plan.rules, plan.sensitivity, plan.one_shot_releases, plan.pre_train_releases,
+            (*plan.stages, stage) if stage else plan.stages, plan.participation_bound, details, plan.prediction_passes,
         )
 
     def bind(self, noise_multiplier: float | None) -> None:
@@ -131,7 +180,18 @@ class WithEdgeFreePath(nn.Module):
         self.path.bind(noise_multiplier)  # its sensitivity is 0: it adds no noise whatever z is
 
     def prepare(self, session: PrepareSession) -> None:
+        """The extractor's preparation, then the path's own stage (after: the extractor's draws
+        from A's secret generators come in the same order as without the path)."""
         self.inner.prepare(session)
+        stage = self.path_stage()
+        if stage is None:
+            return
+        session.progress(
+            f"training the edge-free path alone for {stage.epochs} epochs (then {self.setup.config.epochs} with "
+            f"the extractor's releases)"
+        )
+        self.path.train()
+        session.train_stage(stage, lambda roots: self.path.release(roots, "train"), self.path.trainable_parameters())
 
     def release(self, roots: torch.Tensor, kind: ReleaseKind) -> torch.Tensor:
         """[extractor's B x d x L' | MLP's B x d x L_f]: the extractor's release first, so its draws
