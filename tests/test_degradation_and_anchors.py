@@ -13,7 +13,7 @@ from vesper.benchmarks.anchors import (
     load_anchors,
     markdown,
 )
-from vesper.benchmarks.degradation import cell, cells
+from vesper.benchmarks.degradation import cell, cells, own_epochs
 from vesper.benchmarks.doc_sections import DocSectionError, replace_section
 from vesper.benchmarks.extractor_table import TableRow
 
@@ -45,6 +45,12 @@ def test_the_mlp_serves_every_epsilon_and_missing_cells_are_not_measured() -> No
     assert by_eps[math.inf].p_below is not None and not by_eps[math.inf].below
     assert by_eps[4.0].values == [] and by_eps[4.0].p_below is None and by_eps[4.0].text == "—"
     assert all(c.extractor != "mlp" for c in found)
+
+
+def test_the_table_names_each_extractor_s_own_epochs_and_its_path_s_stage() -> None:
+    found = cells(MLP + _rows("gap", [0.76, 0.77]) + _rows("pmp-gcn", [0.75, 0.76]), ["cora"], ["mlp", "gap", "pmp-gcn"],
+                  [4.0])
+    assert own_epochs(found) == "gap: 20 (its edge-free path 30 alone first)"  # pmp-gcn trains the run's 50
 
 
 def test_the_published_anchors_file_is_valid_and_names_every_source() -> None:
