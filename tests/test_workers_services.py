@@ -97,10 +97,12 @@ def test_a_killed_worker_interrupts_the_run_and_a_resume_completes_it(one_worker
 
 
 # GAP on Cora: a 2-epoch edge-free encoder stage (no-op rows), then K = 2 hops over all 2708 nodes
-# (two one-shot rows, the hops computed by blocks of rows on both ranks), then 1 epoch of free steps
+# (two one-shot rows, the hops computed by blocks of rows on both ranks), a 1-epoch stage of the
+# edge-free path alone (no-op rows, on rank 0), then 1 epoch of free steps
 GAP_RUN = RunConfig.model_validate({
     "dataset": "cora", "epochs": 1, "batch_size": 256, "privacy": {"epsilon": 4},
-    "extractor": {"name": "gap", "layers": 2, "dim": 32, "encoder_hidden": 64, "params": {"encoder_epochs": 2}},
+    "extractor": {"name": "gap", "layers": 2, "dim": 32, "encoder_hidden": 64, "params": {"encoder_epochs": 2},
+                  "edge_free_path_epochs": 1},
 })
 
 
@@ -115,6 +117,7 @@ def test_gaps_hops_over_two_workers_charge_the_ledger_of_one(tmp_path: Path) -> 
         assert len(started) == (workers > 1)  # W = 2 started its worker (for the hops), W = 1 none
     (single, single_rows), (double, rows) = ran[1], ran[2]
     assert [row[3] for row in rows].count("one-shot") == 2
+    assert any(row[2].startswith("edge-free-path-") for row in rows)  # the path's stage ran with W = 2 too
     assert without_run_names(rows) == without_run_names(single_rows)
     assert double.epsilon_spent == pytest.approx(single.epsilon_spent, rel=1e-9) and double.epsilon_spent > 0
     # other noise draws (keyed, not streamed), the same distribution: comparable test scores
