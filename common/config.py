@@ -72,16 +72,10 @@ class ExtractorConfig(_Model):
         "not reading the graph (docs/privacy.md, section 2.5). Free under edge-level DP; false = the "
         "extractor's own layers only",
     )
-    edge_free_path_epochs: int | None = Field(
-        None,
-        ge=0,
-        le=100_000,
-        description="epochs the edge-free path trains alone with B, in an edge-free stage of its own, before "
-        "the run's epochs, for an extractor released once (one-shot: its training is free): so the path's MLP "
-        "layers train as long as the MLP baseline's, though the extractor's run stops early to spare its noise "
-        "(GAP: 20 epochs). None = the MLP baseline's epochs minus the run's (0 when the run trains as long); "
-        "0 = no stage (docs/privacy.md, section 2.5)",
-    )
+    edge_free_path_epochs: int | None = Field(None, ge=0, le=100_000, description=(
+        "epochs the edge-free path trains alone with B first, in a stage of its own, for an extractor released "
+        "once (one-shot), so it trains as long as the MLP baseline though the run stops early (GAP: 20 epochs). "
+        "None = the baseline's epochs minus the run's; 0 = no stage (docs/privacy.md, section 2.5)"))
 
 
 class DecoderConfig(_Model):

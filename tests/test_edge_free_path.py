@@ -128,6 +128,8 @@ def test_a_one_shot_extractor_s_path_first_trains_alone_for_the_rest_of_the_base
     assert build_extractor(lookup("pmp-gcn"), _setup("pmp-gcn", epochs=5)).charge_plan(ROOTS).stages == ()
     with pytest.raises(ValueError, match="only an extractor released once"):
         build_extractor(lookup("pmp-gcn"), _setup("pmp-gcn", edge_free_path_epochs=3))
+    # an extractor without a path ignores it: the demo's MLP baseline copies the run's settings
+    assert not isinstance(build_extractor(lookup("mlp"), _setup("mlp", edge_free_path_epochs=3)), WithEdgeFreePath)
 
 
 def test_the_path_s_stage_trains_its_mlp_alone_after_the_extractor_s_preparation() -> None:

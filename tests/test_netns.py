@@ -136,7 +136,7 @@ def test_a_run_across_two_hosts_in_network_namespaces_over_mutual_tls(two_hosts:
         out = tmp_path / "run.json"
         run = coordinator(
             "train", "--config", str(configs / "coordinator.toml"), "--dataset", "cora", "--epochs", "1",
-            "--label-privacy", "rr", "--label-epsilon", "4", "--json-out", str(out),
+            "--edge-free-path-epochs", "0", "--label-privacy", "rr", "--label-epsilon", "4", "--json-out", str(out),
         )
         logs = "\n".join(f"--- {s.name}:\n{s.log_tail()}" for s in services)
         assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\n{logs}"

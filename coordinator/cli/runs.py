@@ -183,8 +183,7 @@ def demo(
     """Start the three services on loopback, train, evaluate, report, shut down.
 
     With --party-a-data and --party-b-data: your own files (vesper data import), aligned privately
-    first (vesper align); with --predict-out: the scores of the trained model too.
-    """
+    first (vesper align); with --predict-out: the scores of the trained model too."""
     from vesper.coordinator.processes import LocalCluster, ServiceStartError
     from vesper.coordinator.run_client import RunClientError, drive_run
 

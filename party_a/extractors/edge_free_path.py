@@ -96,6 +96,8 @@ def build_extractor(cls: type[Extractor], setup: ExtractorSetup) -> Extractor:
     The extractor is built first: it draws its own secrets from A's generators in the same order
     as without the path; the MLP's construction draws none (it samples nothing).
     """
+    if not wants_path(cls, setup):
+        return cls(setup)  # no path (the MLP itself, a node-level extractor): no stage of it either
     stage_epochs = setup.config.extractor.edge_free_path_epochs
     if stage_epochs and cls.spec.cost_model != "one-shot":
         raise ValueError(
@@ -103,8 +105,7 @@ def build_extractor(cls: type[Extractor], setup: ExtractorSetup) -> Extractor:
             f"its edge-free path in a stage of its own; {cls.spec.name}'s path trains with its charged steps. "
             "Leave it unset"
         )
-    extractor = cls(setup)
-    return WithEdgeFreePath(extractor, MlpPlugin(setup)) if wants_path(cls, setup) else extractor
+    return WithEdgeFreePath(cls(setup), MlpPlugin(setup))
 
 
 def recorded_run_config(data: dict[str, Any]) -> RunConfig:
