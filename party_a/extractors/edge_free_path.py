@@ -16,7 +16,7 @@ trains them together and keeps the one that scores best on its validation nodes.
 
 An extractor released once (one-shot) stops its run early to spare its fixed noise (GAP: 20
 epochs), which would leave the path an MLP trained 20 epochs where the baseline trains 50:
-0.716 against 0.746 on Cora at ε = 4 (docs/utility.md, section 7). So for such an extractor
+0.722 against 0.745 on Cora at ε = 4 (docs/utility.md, section 7). So for such an extractor
 the path first trains alone with B, in an edge-free stage of its own (``edge-free-path``),
 for E_pre = E_mlp − E epochs (``extractor.edge_free_path_epochs`` sets another number), and the
 run's E epochs then train it on: E_mlp in all, the baseline's. The charge plan is the extractor's own:
