@@ -101,7 +101,8 @@ def own_epochs(found: Sequence[DegradationCell]) -> str:
     """The table's extractors that declare their own epochs, as "gap: 20 (its edge-free path 30
     alone first), …" (none: "none does"); the path's stage is docs/privacy.md section 2.5's."""
     from vesper.benchmarks.extractor_table import RECIPES
-    from vesper.party_a.extractors.edge_free_path import baseline_epochs
+    from vesper.common.config import RunConfig
+    from vesper.party_a.extractors.edge_free_path import path_stage_epochs
     from vesper.party_a.extractors.registry import lookup
 
     own = []
@@ -109,7 +110,7 @@ def own_epochs(found: Sequence[DegradationCell]) -> str:
         epochs = RECIPES.get(name, {}).get("epochs")
         if epochs is None:
             continue
-        stage = baseline_epochs() - epochs if lookup(name).spec.cost_model == "one-shot" else 0
+        stage = path_stage_epochs(lookup(name).spec.cost_model, RunConfig.model_validate({"epochs": epochs}))
         own.append(f"{name}: {epochs}" + (f" (its edge-free path {stage} alone first)" if stage > 0 else ""))
     return ", ".join(own) or "none does"
 

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from vesper.benchmarks.utility_datasets import resolve_datasets
+from vesper.benchmarks.utility_options import SYNTHETIC_NODES
 from vesper.common.config import RunConfig
 from vesper.coordinator.public_facts import with_published_edge_bound
 
@@ -86,9 +87,9 @@ def report(rows: list[PathStageRow], console: Console) -> None:
             done = [r for r in rows if r.dataset == label and r.form == form and r.status == "completed"]
             if not done:
                 continue
-            heads = [mean([r.heads[f"test@{h}"] for r in done if f"test@{h}" in r.heads]) for h in HEADS]
-            if form == "baseline":
-                heads = ["—", "—", "—"]
+            heads = ["—"] * len(HEADS) if form == "baseline" else [
+                mean([r.heads[f"test@{h}"] for r in done if f"test@{h}" in r.heads]) for h in HEADS
+            ]
             table.add_row(label, form, str(len(done)), *heads, mean([r.test for r in done if r.test is not None]))
     console.print(table)
 
@@ -104,7 +105,7 @@ def main(
 
     console = Console()
     out.mkdir(parents=True, exist_ok=True)
-    found = resolve_datasets(dataset or ["cora", "tolokers", "twitch-engb"], out / "data", 2708, set(), console)
+    found = resolve_datasets(dataset or ["cora", "tolokers", "twitch-engb"], out / "data", SYNTHETIC_NODES, set(), console)
     labels = [(d.label, d.run_name) for d in found]
     rows_file = out / "rows.jsonl"
     done = {(r.dataset, r.form, r.seed) for r in read_rows(rows_file) if r.extractor == extractor and r.epsilon == epsilon}

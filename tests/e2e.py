@@ -35,12 +35,13 @@ def ledger(status_url: str, run_id: str) -> dict:
     return response.json()
 
 
+# flags that turn the edge-free path's own stage off: an extractor released once would train it up
+# to 49 epochs before a short test run (the stage itself: test_e2e_gap)
+NO_PATH_STAGE = ("--edge-free-path-epochs", "0")
+
+
 def fast_run(*extra: str) -> list[str]:
     """Flags for a short Cora run of PMP-GCN (per-step releases, a charge every step), unless
     ``extra`` names another extractor (the last --extractor wins). The edge-free path's own
-    stage is off (an extractor released once would train it 48 epochs before these 2; its
-    test names it: test_e2e_gap), unless ``extra`` sets it (the last wins)."""
-    return [
-        "--dataset", "cora", "--extractor", "pmp-gcn", "--epochs", "2", "--batch-size", "256",
-        "--edge-free-path-epochs", "0", *extra,
-    ]
+    stage is off (NO_PATH_STAGE), unless ``extra`` sets it (the last wins)."""
+    return ["--dataset", "cora", "--extractor", "pmp-gcn", "--epochs", "2", "--batch-size", "256", *NO_PATH_STAGE, *extra]

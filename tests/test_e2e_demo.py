@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from e2e import vesper
+from e2e import NO_PATH_STAGE, vesper
 
 from vesper.common.config import DEFAULT_DELTA, ExtractorConfig
 from vesper.coordinator.processes import LocalCluster
@@ -21,7 +21,7 @@ def test_demo_trains_reports_and_shuts_down(tmp_path: Path) -> None:
     out = tmp_path / "demo.json"
     result = subprocess.run(
         [sys.executable, "-m", "vesper.coordinator", "demo", "--workdir", str(tmp_path / "demo"),
-         "--epochs", "3", "--edge-free-path-epochs", "0", "--json-out", str(out)],
+         "--epochs", "3", *NO_PATH_STAGE, "--json-out", str(out)],
         capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "120"},
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -64,8 +64,6 @@ def test_demo_trains_reports_and_shuts_down(tmp_path: Path) -> None:
 
 # small settings keep each run short; the extractors' own tests cover their defaults
 # (relational runs in the pate demo below)
-# (the edge-free path's own stage: test_e2e_gap)
-NO_PATH_STAGE = ["--edge-free-path-epochs", "0"]
 QUICK = {
     "gap": ["--param", "encoder_epochs=2", *NO_PATH_STAGE], "vfgnn": [], "dpar-edge": [],
     "dpar-node": ["--param", "train_encoder=false"],

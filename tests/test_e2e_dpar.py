@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from e2e import ledger, vesper
+from e2e import NO_PATH_STAGE, ledger, vesper
 
 from vesper.common.privacy.events import event_from_json
 from vesper.coordinator.processes import LocalCluster
@@ -30,8 +30,7 @@ def _train(cluster: LocalCluster, tmp_path: Path, name: str, *extra: str) -> dic
     out = tmp_path / f"{name}.json"
     code, output = vesper(
         "train", "--party-a", cluster.party_a_address, "--dataset", "cora", "--extractor", "dpar-edge",
-        "--batch-size", "512", "--edge-free-path-epochs", "0",  # the path's own stage: test_e2e_gap
-        *extra, "--json-out", str(out),
+        "--batch-size", "512", *NO_PATH_STAGE, *extra, "--json-out", str(out),
     )
     assert code == 0, output
     return json.loads(out.read_text())

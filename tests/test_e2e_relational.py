@@ -19,7 +19,7 @@ from pathlib import Path
 import dp_accounting as dpa
 import httpx
 import pytest
-from e2e import ledger, receipts, vesper
+from e2e import NO_PATH_STAGE, ledger, receipts, vesper
 
 from vesper.common.config import DEFAULT_DELTA
 from vesper.common.privacy.accounting import epsilon_of
@@ -50,8 +50,7 @@ def train(cluster: LocalCluster, out: Path, extractor: str, epochs: int, *extra:
     code, output = vesper(
         "train", "--party-a", cluster.party_a_address, "--dataset", "cora", "--batch-size", "512",
         "--extractor", extractor, "--epochs", str(epochs), "--seed", "3", *PRETRAIN,
-        "--edge-free-path-epochs", "0",  # the path's own stage: test_e2e_gap
-        *extra, "--json-out", str(out),
+        *NO_PATH_STAGE, *extra, "--json-out", str(out),
     )
     assert out.exists(), output
     return code, json.loads(out.read_text())

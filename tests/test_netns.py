@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from e2e import vesper
+from e2e import NO_PATH_STAGE, vesper
 
 from vesper.common.charge_token import ensure_distinct_tokens
 from vesper.coordinator.processes import ServiceProcess, start_service, write_section
@@ -136,7 +136,7 @@ def test_a_run_across_two_hosts_in_network_namespaces_over_mutual_tls(two_hosts:
         out = tmp_path / "run.json"
         run = coordinator(
             "train", "--config", str(configs / "coordinator.toml"), "--dataset", "cora", "--epochs", "1",
-            "--edge-free-path-epochs", "0", "--label-privacy", "rr", "--label-epsilon", "4", "--json-out", str(out),
+            *NO_PATH_STAGE, "--label-privacy", "rr", "--label-epsilon", "4", "--json-out", str(out),
         )
         logs = "\n".join(f"--- {s.name}:\n{s.log_tail()}" for s in services)
         assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\n{logs}"
