@@ -61,9 +61,13 @@ COUNTS = {"|E|": EDGES, "2|E| (CSR slots)": 2 * EDGES, "the maximum degree": HUB
 RATES = {"1/|E|": 1.0, "b/|E|": float(BATCH)}
 _INTEGER = re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3})+(?![\d,])|(?<![\d.])\d+(?![\d.])")
 _FLOAT = re.compile(r"(?<![\w.])\d*\.\d+(?:[eE][-+]?\d+)?|(?<![\w.])\d+[eE][-+]?\d+")
+# a digest or an identifier (a hex word of 8 or more characters, one a letter) is not a count:
+# B's receipt log holds a sha256 per release, and "…e311f…" inside one is not the maximum degree
+_HEX_WORD = re.compile(r"(?<![0-9A-Za-z])(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{8,}(?![0-9A-Za-z])")
 
 
 def leaks(text: str) -> list[str]:
+    text = _HEX_WORD.sub(" ", text)
     integers = {int(token.replace(",", "")) for token in _INTEGER.findall(text)}
     floats = [float(token) for token in _FLOAT.findall(text)]
     found = [name for name, count in COUNTS.items() if count in integers]
@@ -85,6 +89,8 @@ def test_the_scanner_finds_each_statistic() -> None:
         epsilon_budget=1.0, epsilon_spent=1.0, delta=1 / EDGES,
     ).model_dump_json()) == ["1/|E|"]
     assert leaks("loss 0.3114, ε 0.311, 7919.5 s") == []  # digits inside other numbers are not counts
+    digest = "9c4e311f" + "0" * 56  # a sha256 with the maximum degree's digits inside it
+    assert leaks(json.dumps({"sha256": digest})) == [] and leaks(f"{digest} 311") == ["the maximum degree"]
 
 
 RUNS = {
