@@ -67,8 +67,8 @@ class ExtractorConfig(_Model):
     edge_free_path: bool = Field(
         True,
         description="an edge-level extractor's releases also carry the MLP extractor's edge-free layers, "
-        "trained end to end with B, and B keeps whichever of its three heads (the extractor's layers, the "
-        "edge-free ones, or all) scores best on its validation nodes: a graph extractor then never does worse than "
+        "trained end to end with B, and B keeps the edge-free head unless another of its three (the extractor's "
+        "layers, or all) leads it on validation by more than the paired noise: a graph extractor then never does worse than "
         "not reading the graph (docs/privacy.md, section 2.5). Free under edge-level DP; false = the "
         "extractor's own layers only",
     )

@@ -50,8 +50,9 @@ class FallbackDecoder(nn.Module):
     All three are trained every step, on the sum of their losses. A's extractor learns from the
     graph head's gradient and A's edge-free layers from the edge-free head's, each exactly as it
     would without the other; the combined head is B-side post-processing of both. After training
-    B keeps the head that scores best on its validation nodes (``choose``); ``forward`` then
-    returns that head's logits (the graph head's until a choice is made).
+    B keeps the edge-free head unless another leads it on B's validation nodes by more than the
+    paired noise there (party_b.head_choice; ``choose``); ``forward`` returns the kept head's
+    logits (the edge-free head's until a choice is made).
     """
 
     def __init__(self, config: DecoderConfig, dim: int, layers: int, edge_free: int, classes: int) -> None:
@@ -64,7 +65,7 @@ class FallbackDecoder(nn.Module):
         self.graph = build_decoder(config, dim, layers - edge_free, classes)
         self.combined = build_decoder(config, dim, layers, classes)
         # an index into HEADS; a buffer, so a saved decoder serves with the head B chose
-        self.register_buffer("choice", torch.tensor(HEADS.index("graph"), dtype=torch.int64))
+        self.register_buffer("choice", torch.tensor(HEADS.index("edge-free"), dtype=torch.int64))
 
     def head(self, name: str, embeddings: torch.Tensor) -> torch.Tensor:
         """One head's logits of B x d x L embeddings (``name`` one of HEADS)."""

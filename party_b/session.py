@@ -15,6 +15,7 @@ from vesper.common.config import DecoderConfig, LabelPrivacyConfig, OptimizerCon
 from vesper.common.optim import build_optimizer
 from vesper.common.wire import WireDType, node_mask
 from vesper.party_b.decoders import HEADS, FallbackDecoder, build_decoder
+from vesper.party_b.head_choice import BASE_HEAD, choose_head
 from vesper.party_b.label_data import LabelStore
 from vesper.party_b.label_guard import LabelGuard
 from vesper.party_b.metrics import compute_metric
@@ -128,22 +129,28 @@ class LabelSession:
     def evaluate(self, scores: dict[str, SplitScores]) -> Evaluation:
         """(split, metric name, value, number of nodes) for each split A sent, of the model B keeps.
 
-        With an edge-free path B keeps the head with the best validation metric (on a tie the
-        first in HEADS: the simplest), and serves predictions with it.
+        With an edge-free path B keeps the edge-free head unless another leads it on the
+        validation nodes by more than the paired noise there (party_b.head_choice), and serves
+        predictions with the head it keeps.
         """
         per_head: dict[str, list[tuple[str, str, float, int]]] = {}
+        validation: dict[str, torch.Tensor] = {}  # each head's logits of the validation nodes, and "truth"
         for split, collected in scores.items():
             ids = torch.cat(collected.node_ids)
             truth = self.labels[ids.to(self.device)]
             for head, chunks in collected.logits.items():
-                value = compute_metric(self.store.metric, torch.cat(chunks).to(self.device), truth)
+                logits = torch.cat(chunks).to(self.device)
+                value = compute_metric(self.store.metric, logits, truth)
                 per_head.setdefault(head, []).append((split, self.store.metric, value, int(ids.numel())))
+                if split == "val":
+                    validation[head], validation["truth"] = logits, truth
         if not isinstance(self.decoder, FallbackDecoder):
             return Evaluation(per_head.get("model", []))
-        validation = {head: {r[0]: r[2] for r in rows}.get("val") for head, rows in per_head.items()}
-        chosen = "graph"  # without validation nodes in the pass there is nothing to choose by
-        if all(value is not None for value in validation.values()):
-            chosen = max(HEADS, key=lambda head: (validation[head], -HEADS.index(head)))
+        chosen = BASE_HEAD  # without validation nodes in the pass nothing shows another head better
+        if validation:
+            metrics = {head: {r[0]: r[2] for r in rows}["val"] for head, rows in per_head.items()}
+            truth = validation.pop("truth")
+            chosen = choose_head(self.store.metric, truth, validation, metrics).head
         self.decoder.choose(chosen)
         return Evaluation(per_head[chosen], chosen, per_head)
 

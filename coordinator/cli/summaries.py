@@ -112,4 +112,8 @@ def head_line(s: RunSummary) -> str:
         "graph": "the graph head (the extractor's slices)", "edge-free": "the edge-free head (the MLP's slices)",
         "combined": "the combined head (every slice)",
     }.get(s.decoder_head, s.decoder_head)
-    return f"B kept {kept}: validation {scores}"
+    line = f"B kept {kept}: validation {scores}"
+    ahead = [m for head, m in val.items() if head != "edge-free" and m is not None]
+    if s.decoder_head == "edge-free" and val["edge-free"] is not None and any(m.value > val["edge-free"].value for m in ahead):
+        line += " (no other head led it by more than the paired noise on those nodes)"
+    return line

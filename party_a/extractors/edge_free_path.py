@@ -12,7 +12,8 @@ The MLP reads no edge, so the appended slices cost nothing under edge-level DP a
 trained end to end with B every step (A's optimiser updates both parts from B's gradient).
 Party B builds three heads (party_b.decoders.FallbackDecoder): one over the extractor's
 slices, one over the last ``L_f`` alone (exactly the MLP baseline's decoder) and one over all,
-trains them together and keeps the one that scores best on its validation nodes.
+trains them together and keeps the edge-free head unless another leads it on B's validation
+nodes by more than the paired noise there (party_b.head_choice).
 
 An extractor released once (one-shot) stops its run early to spare its fixed noise (GAP: 20
 epochs), which would leave the path an MLP trained 20 epochs where the baseline trains 50:
