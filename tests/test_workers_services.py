@@ -1,7 +1,7 @@
 """Party A with W = 2 worker processes through the real services (issue #25, item 1): the ledger
 of a W = 2 run has the rows and ε of the same run with W = 1 (a per-step extractor, and GAP, whose
 hops are split over the workers), and a killed worker interrupts the run cleanly (nothing charged
-twice) and `vesper train --resume` completes it with that ledger."""
+twice) and `vesper train --resume` completes it with that ledger (a per-step run, and GAP's)."""
 
 from __future__ import annotations
 
@@ -106,19 +106,78 @@ GAP_RUN = RunConfig.model_validate({
 })
 
 
-def test_gaps_hops_over_two_workers_charge_the_ledger_of_one(tmp_path: Path) -> None:
-    ran = {}
-    for workers in (1, 2):
-        with cluster(tmp_path / f"w{workers}", workers) as services:
-            summary = drive_run(services.party_a_address, GAP_RUN, QUIET)
-            ran[workers] = summary, ledger_rows(services.status_url, summary.run_id)
-            started = list((services.workdir / "party_a" / "runs").glob(f"*/{WORKERS_FILE}"))
+@pytest.fixture(scope="module")
+def gap_one_worker(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunSummary, list[tuple]]:
+    with cluster(tmp_path_factory.mktemp("gap-one"), 1) as services:
+        summary = drive_run(services.party_a_address, GAP_RUN, QUIET)
+        started = list((services.workdir / "party_a" / "runs").glob(f"*/{WORKERS_FILE}"))
         assert summary.status == "completed", summary.message
-        assert len(started) == (workers > 1)  # W = 2 started its worker (for the hops), W = 1 none
-    (single, single_rows), (double, rows) = ran[1], ran[2]
+        assert started == []  # W = 1 starts no worker
+        return summary, ledger_rows(services.status_url, summary.run_id)
+
+
+def test_gaps_hops_over_two_workers_charge_the_ledger_of_one(gap_one_worker, tmp_path: Path) -> None:
+    with cluster(tmp_path, 2) as services:
+        double = drive_run(services.party_a_address, GAP_RUN, QUIET)
+        rows = ledger_rows(services.status_url, double.run_id)
+        started = list((services.workdir / "party_a" / "runs").glob(f"*/{WORKERS_FILE}"))
+    assert double.status == "completed", double.message
+    assert len(started) == 1  # W = 2 started its worker (for the hops)
+    single, single_rows = gap_one_worker
     assert [row[3] for row in rows].count("one-shot") == 2
     assert any(row[2].startswith("edge-free-path-") for row in rows)  # the path's stage ran with W = 2 too
     assert without_run_names(rows) == without_run_names(single_rows)
     assert double.epsilon_spent == pytest.approx(single.epsilon_spent, rel=1e-9) and double.epsilon_spent > 0
     # other noise draws (keyed, not streamed), the same distribution: comparable test scores
     assert double.test_metric.value == pytest.approx(single.test_metric.value, abs=0.1)
+
+
+@pytest.mark.parametrize("moment", ["before the hops", "after the hops"])
+def test_a_worker_killed_in_a_gap_run_charges_nothing_twice(gap_one_worker, moment: str, tmp_path: Path) -> None:
+    """SIGKILL GAP's worker as it starts, when the hops begin (before it joins the group): the
+    join gives up after the group's timeout, the run stops as interrupted, and the resume
+    replays the edge-free stages and computes the hops over a fresh worker (which failed before
+    party_a.workers.group._forget_failed_join: rank 0's next group had another name). Killed
+    once both hops are charged, the worker has done its part (GAP trains on rank 0) and the run
+    completes by itself. Either way the ledger is the one-worker run's."""
+    single, single_rows = gap_one_worker
+    with cluster(tmp_path, 2) as services:
+        outcome: dict = {}
+
+        def run() -> None:
+            try:
+                outcome["summary"] = drive_run(services.party_a_address, GAP_RUN, QUIET)
+            except RunClientError as exc:
+                outcome["error"] = str(exc)
+
+        runner = threading.Thread(target=run)
+        runner.start()
+        runs = services.workdir / "party_a" / "runs"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not list(runs.glob(f"*/{WORKERS_FILE}")):
+            time.sleep(0.05)
+        (pids_file,) = list(runs.glob(f"*/{WORKERS_FILE}"))
+        run_id = pids_file.parent.name
+        charged: list[tuple] = []
+        ready = (lambda rows: len(rows) >= 3) if moment == "before the hops" else (
+            lambda rows: [row[3] for row in rows].count("one-shot") == 2)
+        while time.monotonic() < deadline and not ready(charged):
+            charged = ledger_rows(services.status_url, run_id)
+            time.sleep(0.02)
+        (pid,) = json.loads(pids_file.read_text())["pids"]
+        os.kill(pid, signal.SIGKILL)
+        runner.join(timeout=180)
+        first = outcome.get("summary")
+        assert first is not None, outcome.get("error")
+        if moment == "before the hops":
+            assert "one-shot" not in [row[3] for row in charged]
+            assert first.status == "interrupted" and "lost a worker process" in first.message, first.message
+            assert [row[3] for row in ledger_rows(services.status_url, run_id)].count("one-shot") == 0
+            final = drive_run(services.party_a_address, None, QUIET, resume_run_id=run_id)
+        else:
+            final = first
+        rows = ledger_rows(services.status_url, run_id)
+    assert final.status == "completed", final.message
+    assert [row[3] for row in rows].count("one-shot") == 2  # each hop charged once
+    assert without_run_names(rows) == without_run_names(single_rows)
+    assert final.epsilon_spent == pytest.approx(single.epsilon_spent, rel=1e-9)

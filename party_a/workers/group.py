@@ -151,6 +151,8 @@ class WorkerGroup:
             _stop_processes(processes)
             if dist.is_initialized():
                 dist.destroy_process_group()
+            else:
+                _forget_failed_join()
             reservation.release()
             raise
 
@@ -229,6 +231,18 @@ class WorkerGroup:
             gone = [f"worker {rank} (pid {p.pid}) exited with {p.poll()}" for rank, p in enumerate(self.processes, 1) if p.poll() is not None]
             who = "; ".join(gone) if gone else f"a worker did not answer within {self.timeout_s:g} s"
             raise WorkerLost(f"party A lost a worker process while {doing} ({who}; {str(exc).splitlines()[0]})") from None
+
+
+def _forget_failed_join() -> None:
+    """Undo what a failed ``init_process_group`` leaves behind. torch numbers each new group
+    (its keys in the store are prefixed ``/default_pg/<n>/``) from a counter that it raises
+    before the rendezvous and does not lower when the rendezvous fails (pytorch/pytorch#46561;
+    ``destroy_process_group`` resets it, but a group that never formed cannot be destroyed).
+    Rank 0 would then name its next group 1 while the fresh workers of a resumed run name
+    theirs 0, and the join would wait out its timeout. No group exists here, so 0 is right."""
+    from torch.distributed import distributed_c10d
+
+    distributed_c10d._world.group_count = 0
 
 
 def _stop_processes(processes: list[subprocess.Popen], wait_s: float = 0.0) -> None:
