@@ -570,12 +570,12 @@ class RunSummary(Report):
     epsilon_bound6: float | None = Field(None, description="hidden-batch: VESPER bound (6) with Lemma 2")
     test_metric: Metric | None = None
     val_metric: Metric | None = None
-    decoder_head: str = Field(
-        "", description="with an edge-free path: the head B kept by its validation metric: graph, edge-free or combined",
-    )
+    decoder_head: str = Field("", description="with an edge-free path: the head B kept, graph, edge-free or combined")
     head_metrics: dict[str, Metric] = Field(
         default_factory=dict, description="with an edge-free path: each head's metrics, keyed '<split>@<head>'",
     )
+    head_errors: dict[str, Metric] = Field(default_factory=dict, description=(
+        "with an edge-free path: SE of 'val@<head>' minus the edge-free head's, paired over B's validation nodes"))
     steps: int = 0
     seconds: float = 0.0
     noise_multiplier: float | None = None

@@ -362,6 +362,10 @@ class LabelParty:
                 pb.Metric(split=f"{s}@{head}", name=n, value=v, count=c)
                 for head, rows in evaluation.heads.items() for s, n, v, c in rows
             ],
+            head_errors=[
+                pb.Metric(split=f"val@{head}", name=session.store.metric, value=error)
+                for head, error in evaluation.errors.items()
+            ],
         )
 
     def _evaluation_chunk(

@@ -30,12 +30,18 @@ BASE_HEAD = "edge-free"
 
 @dataclass(frozen=True)
 class HeadChoice:
-    """The head B keeps; the best other head's validation lead over the edge-free head and its SE."""
+    """The head B keeps; the best other head by validation (the rival), its lead over the
+    edge-free head there, and each other head's SE of that difference."""
 
     head: str
     rival: str
     lead: float
-    standard_error: float
+    errors: dict[str, float]
+
+    @property
+    def standard_error(self) -> float:
+        """The rival's."""
+        return self.errors[self.rival]
 
 
 def accuracy_difference_se(truth: torch.Tensor, base: torch.Tensor, other: torch.Tensor) -> float:
@@ -92,6 +98,6 @@ def choose_head(
     rivals = [head for head in logits if head != BASE_HEAD]
     rival = max(rivals, key=lambda head: (validation[head], -rivals.index(head)))
     lead = validation[rival] - validation[BASE_HEAD]
-    error = difference_se(metric, truth, logits[BASE_HEAD], logits[rival])
-    head = rival if lead > z * error else BASE_HEAD
-    return HeadChoice(head=head, rival=rival, lead=lead, standard_error=error)
+    errors = {head: difference_se(metric, truth, logits[BASE_HEAD], logits[head]) for head in rivals}
+    head = rival if lead > z * errors[rival] else BASE_HEAD
+    return HeadChoice(head=head, rival=rival, lead=lead, errors=errors)

@@ -51,6 +51,7 @@ class Evaluation:
     results: list[tuple[str, str, float, int]]
     chosen: str = ""
     heads: dict[str, list[tuple[str, str, float, int]]] = field(default_factory=dict)
+    errors: dict[str, float] = field(default_factory=dict)  # party_b.head_choice.HeadChoice.errors
 
     @property
     def head(self) -> str:
@@ -146,13 +147,14 @@ class LabelSession:
                     validation[head], validation["truth"] = logits, truth
         if not isinstance(self.decoder, FallbackDecoder):
             return Evaluation(per_head.get("model", []))
-        chosen = BASE_HEAD  # without validation nodes in the pass nothing shows another head better
+        chosen, errors = BASE_HEAD, {}  # without validation nodes in the pass nothing shows another head better
         if validation:
             metrics = {head: {r[0]: r[2] for r in rows}["val"] for head, rows in per_head.items()}
             truth = validation.pop("truth")
-            chosen = choose_head(self.store.metric, truth, validation, metrics).head
+            choice = choose_head(self.store.metric, truth, validation, metrics)
+            chosen, errors = choice.head, choice.errors
         self.decoder.choose(chosen)
-        return Evaluation(per_head[chosen], chosen, per_head)
+        return Evaluation(per_head[chosen], chosen, per_head, errors)
 
     @torch.no_grad()
     def logits(self, embeddings: torch.Tensor) -> dict[str, torch.Tensor]:

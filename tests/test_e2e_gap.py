@@ -127,3 +127,19 @@ def test_b_received_only_charged_releases(cluster: LocalCluster, calibrated: dic
                 assert entry["received_at"] >= _time(row["created_at"]), f"{name}: received before charged"
         assert len(streams["stage"][0]) == ENCODER_EPOCHS * CORA_STEPS
         assert len(streams["path stage"][0]) == PATH_EPOCHS * CORA_STEPS
+
+
+def test_b_reports_each_head_and_keeps_the_rival_only_beyond_one_se(calibrated: dict[int, dict]) -> None:
+    """Through the services: every head's metrics, each other head's paired SE, and a kept head
+    that follows party_b.head_choice's rule from those numbers."""
+    from vesper.party_b.head_choice import MARGIN_Z
+
+    for summary in calibrated.values():
+        metrics = {key: m["value"] for key, m in summary["head_metrics"].items()}
+        assert set(metrics) == {f"{split}@{head}" for split in ("val", "test") for head in ("graph", "edge-free", "combined")}
+        errors = {key: m["value"] for key, m in summary["head_errors"].items()}
+        assert set(errors) == {"val@graph", "val@combined"} and all(0 < e < 0.1 for e in errors.values())
+        rival = max(("graph", "combined"), key=lambda head: metrics[f"val@{head}"])
+        beyond = metrics[f"val@{rival}"] - metrics["val@edge-free"] > MARGIN_Z * errors[f"val@{rival}"]
+        assert summary["decoder_head"] == (rival if beyond else "edge-free")
+        assert summary["test_metric"]["value"] == metrics[f"test@{summary['decoder_head']}"]

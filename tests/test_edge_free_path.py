@@ -266,11 +266,15 @@ def test_the_run_line_says_which_head_b_kept_and_why() -> None:
     assert head_line(summary) == (
         "B kept the edge-free head (the MLP's slices): validation graph 0.7000, edge-free 0.7500, combined 0.7200"
     )
-    level = summary.model_copy(update={"head_metrics": {**summary.head_metrics, "val@graph": Metric(name="accuracy", value=0.76)}})
+    level = summary.model_copy(update={
+        "head_metrics": {**summary.head_metrics, "val@graph": Metric(name="accuracy", value=0.76)},
+        "head_errors": {f"val@{h}": Metric(name="accuracy", value=v) for h, v in (("graph", 0.012), ("combined", 0.02))},
+    })
     assert head_line(level).endswith(
-        "graph 0.7600, edge-free 0.7500, combined 0.7200 (no other head led it by more than the paired noise on those nodes)"
+        "graph 0.7600, edge-free 0.7500, combined 0.7200 (graph led it by 0.0100, within the paired noise on those "
+        "nodes, SE of the paired difference 0.0120)"
     )
     graph = level.model_copy(update={"decoder_head": "graph"})
-    assert head_line(graph) == (
-        "B kept the graph head (the extractor's slices): validation graph 0.7600, edge-free 0.7500, combined 0.7200"
-    )
+    assert head_line(graph).endswith("combined 0.7200 (graph led the edge-free head by 0.0100, SE of the paired difference 0.0120)")
+    older = level.model_copy(update={"head_errors": {}})  # a summary written before B reported the SE
+    assert head_line(older).endswith("(graph led it by 0.0100, within the paired noise on those nodes)")

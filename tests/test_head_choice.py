@@ -73,6 +73,7 @@ def test_the_rival_is_kept_exactly_when_its_lead_exceeds_z_standard_errors() -> 
     found = _choice(MARGIN_Z, truth, logits)
     assert found.rival == "graph" and found.lead > 0 and 0 < found.standard_error < math.inf
     assert found.standard_error == pytest.approx(difference_se("roc_auc", truth, base, other))
+    assert found.errors["combined"] == 0.0  # a copy of the edge-free head: its difference is nil
     ratio = found.lead / found.standard_error
     assert _choice(ratio * 0.99, truth, logits).head == "graph"
     assert _choice(ratio * 1.01, truth, logits).head == "edge-free"

@@ -113,7 +113,16 @@ def head_line(s: RunSummary) -> str:
         "combined": "the combined head (every slice)",
     }.get(s.decoder_head, s.decoder_head)
     line = f"B kept {kept}: validation {scores}"
-    ahead = [m for head, m in val.items() if head != "edge-free" and m is not None]
-    if s.decoder_head == "edge-free" and val["edge-free"] is not None and any(m.value > val["edge-free"].value for m in ahead):
-        line += " (no other head led it by more than the paired noise on those nodes)"
+    base = val["edge-free"]
+    rivals = {head: m for head, m in val.items() if head != "edge-free" and m is not None}
+    if base is None or not rivals:
+        return line
+    rival = s.decoder_head if s.decoder_head in rivals else max(rivals, key=lambda head: rivals[head].value)
+    lead = rivals[rival].value - base.value
+    error = s.head_errors.get(f"val@{rival}")
+    noise = f", SE of the paired difference {error.value:.4f}" if error is not None else ""
+    if s.decoder_head == "edge-free" and lead > 0:
+        line += f" ({rival} led it by {lead:.4f}, within the paired noise on those nodes{noise})"
+    elif s.decoder_head == rival:
+        line += f" ({rival} led the edge-free head by {lead:.4f}{noise})"
     return line

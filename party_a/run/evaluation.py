@@ -31,6 +31,7 @@ class Scores:
     metrics: dict[str, Metric]
     head: str = ""
     head_metrics: dict[str, Metric] = field(default_factory=dict)
+    head_errors: dict[str, Metric] = field(default_factory=dict)  # "val@<head>": SE of its lead (party_b.head_choice)
 
 
 @torch.no_grad()
@@ -45,6 +46,7 @@ def evaluate(
     return Scores(
         {m.split: Metric(name=m.name, value=m.value) for m in result.metrics}, result.decoder_head,
         {m.split: Metric(name=m.name, value=m.value) for m in result.head_metrics},
+        {m.split: Metric(name=m.name, value=m.value) for m in result.head_errors},
     )
 
 

@@ -353,7 +353,8 @@ class GraphPartyRun:
         metrics = scores.metrics
         self.summary = self.summary.model_copy(update={
             "status": "completed", "test_metric": metrics.get("test"), "val_metric": metrics.get("val"),
-            "decoder_head": scores.head, "head_metrics": scores.head_metrics, "message": "completed",
+            "decoder_head": scores.head, "head_metrics": scores.head_metrics,
+            "head_errors": scores.head_errors, "message": "completed",
         })
 
     def _close(self) -> None:

@@ -172,18 +172,20 @@ class Metric(_message.Message):
     def __init__(self, split: _Optional[str] = ..., name: _Optional[str] = ..., value: _Optional[float] = ..., count: _Optional[int] = ...) -> None: ...
 
 class EvalResult(_message.Message):
-    __slots__ = ("run_id", "eval_id", "metrics", "decoder_head", "head_metrics")
+    __slots__ = ("run_id", "eval_id", "metrics", "decoder_head", "head_metrics", "head_errors")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     EVAL_ID_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     DECODER_HEAD_FIELD_NUMBER: _ClassVar[int]
     HEAD_METRICS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_ERRORS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     eval_id: int
     metrics: _containers.RepeatedCompositeFieldContainer[Metric]
     decoder_head: str
     head_metrics: _containers.RepeatedCompositeFieldContainer[Metric]
-    def __init__(self, run_id: _Optional[str] = ..., eval_id: _Optional[int] = ..., metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ..., decoder_head: _Optional[str] = ..., head_metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ...) -> None: ...
+    head_errors: _containers.RepeatedCompositeFieldContainer[Metric]
+    def __init__(self, run_id: _Optional[str] = ..., eval_id: _Optional[int] = ..., metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ..., decoder_head: _Optional[str] = ..., head_metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ..., head_errors: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ...) -> None: ...
 
 class FinishRunRequest(_message.Message):
     __slots__ = ("run_id", "status", "reason")
