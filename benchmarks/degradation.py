@@ -67,7 +67,7 @@ class DegradationCell(BaseModel):
         return f"{mean:.3f}{spread} ({len(self.values)}; {test}; kept {kept or '—'}){mark}"
 
 
-def _completed(rows: Sequence[TableRow], dataset: str, extractor: str, epsilon: float | None) -> list[TableRow]:
+def completed_runs(rows: Sequence[TableRow], dataset: str, extractor: str, epsilon: float | None) -> list[TableRow]:
     return [
         r for r in rows
         if r.dataset == dataset and r.extractor == extractor and r.status == "completed" and r.test is not None
@@ -79,8 +79,8 @@ def _completed(rows: Sequence[TableRow], dataset: str, extractor: str, epsilon: 
 def cell(rows: Sequence[TableRow], dataset: str, extractor: str, epsilon: float) -> DegradationCell:
     """The extractor's runs at ε against every MLP run of the graph (the MLP reads no edge: one run
     serves every ε), and the test."""
-    mine = _completed(rows, dataset, extractor, epsilon)
-    baseline = [r.test for r in _completed(rows, dataset, BASELINE, None) if r.test is not None]
+    mine = completed_runs(rows, dataset, extractor, epsilon)
+    baseline = [r.test for r in completed_runs(rows, dataset, BASELINE, None) if r.test is not None]
     values = [r.test for r in mine if r.test is not None]
     p = None
     if len(values) >= MIN_SEEDS and len(baseline) >= MIN_SEEDS:

@@ -59,7 +59,7 @@ class TableRow(BaseModel):
     seconds: float = 0.0
     run_id: str = ""
     message: str = ""
-    head: str = ""  # with an edge-free path: the head B kept by its validation metric (graph, edge-free or combined)
+    head: str = ""  # with an edge-free path: the head B kept (graph, edge-free or combined; party_b.head_choice)
 
     @property
     def key(self) -> tuple[str, str, str, int, float, str]:

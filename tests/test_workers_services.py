@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -60,32 +61,39 @@ def test_two_workers_charge_the_ledger_of_one(one_worker, tmp_path: Path) -> Non
     assert summary.test_metric.value == pytest.approx(single.test_metric.value, abs=0.02)
 
 
+def kill_the_worker(services: LocalCluster, config: RunConfig, when: Callable[[str], bool]) -> tuple[str, RunSummary]:
+    """Start ``config``, SIGKILL its one worker process once ``when(run_id)`` holds (or after
+    120 s), and return the run id and what the run reported."""
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["summary"] = drive_run(services.party_a_address, config, QUIET)
+        except RunClientError as exc:
+            outcome["error"] = str(exc)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    runs = services.workdir / "party_a" / "runs"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list(runs.glob(f"*/{WORKERS_FILE}")):
+        time.sleep(0.05)
+    (pids_file,) = list(runs.glob(f"*/{WORKERS_FILE}"))
+    run_id = pids_file.parent.name
+    while time.monotonic() < deadline and not when(run_id):
+        time.sleep(0.02)
+    (pid,) = json.loads(pids_file.read_text())["pids"]
+    os.kill(pid, signal.SIGKILL)
+    runner.join(timeout=300)
+    first = outcome.get("summary")
+    assert first is not None, outcome.get("error")
+    return run_id, first
+
+
 def test_a_killed_worker_interrupts_the_run_and_a_resume_completes_it(one_worker, tmp_path: Path) -> None:
     single, single_rows = one_worker
     with cluster(tmp_path, 2) as services:
-        outcome: dict = {}
-
-        def run() -> None:
-            try:
-                outcome["summary"] = drive_run(services.party_a_address, RUN, QUIET)
-            except RunClientError as exc:
-                outcome["error"] = str(exc)
-
-        runner = threading.Thread(target=run)
-        runner.start()
-        runs = services.workdir / "party_a" / "runs"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not list(runs.glob(f"*/{WORKERS_FILE}")):
-            time.sleep(0.05)
-        (pids_file,) = list(runs.glob(f"*/{WORKERS_FILE}"))
-        run_id = pids_file.parent.name
-        while time.monotonic() < deadline and len(received_steps(services, run_id)) < 6:
-            time.sleep(0.01)
-        (pid,) = json.loads(pids_file.read_text())["pids"]
-        os.kill(pid, signal.SIGKILL)
-        runner.join(timeout=180)
-        first = outcome.get("summary")
-        assert first is not None, outcome.get("error")
+        run_id, first = kill_the_worker(services, RUN, lambda run_id: len(received_steps(services, run_id)) >= 6)
         assert first.status == "interrupted" and "lost a worker process" in first.message, first.message
         assert "--resume" in first.message
         final = drive_run(services.party_a_address, None, QUIET, resume_run_id=run_id)
@@ -142,33 +150,14 @@ def test_a_worker_killed_in_a_gap_run_charges_nothing_twice(gap_one_worker, mome
     completes by itself. Either way the ledger is the one-worker run's."""
     single, single_rows = gap_one_worker
     with cluster(tmp_path, 2) as services:
-        outcome: dict = {}
-
-        def run() -> None:
-            try:
-                outcome["summary"] = drive_run(services.party_a_address, GAP_RUN, QUIET)
-            except RunClientError as exc:
-                outcome["error"] = str(exc)
-
-        runner = threading.Thread(target=run)
-        runner.start()
-        runs = services.workdir / "party_a" / "runs"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not list(runs.glob(f"*/{WORKERS_FILE}")):
-            time.sleep(0.05)
-        (pids_file,) = list(runs.glob(f"*/{WORKERS_FILE}"))
-        run_id = pids_file.parent.name
         charged: list[tuple] = []
-        ready = (lambda rows: len(rows) >= 3) if moment == "before the hops" else (
-            lambda rows: [row[3] for row in rows].count("one-shot") == 2)
-        while time.monotonic() < deadline and not ready(charged):
-            charged = ledger_rows(services.status_url, run_id)
-            time.sleep(0.02)
-        (pid,) = json.loads(pids_file.read_text())["pids"]
-        os.kill(pid, signal.SIGKILL)
-        runner.join(timeout=180)
-        first = outcome.get("summary")
-        assert first is not None, outcome.get("error")
+
+        def ready(run_id: str) -> bool:
+            charged[:] = ledger_rows(services.status_url, run_id)
+            kinds = [row[3] for row in charged]
+            return len(kinds) >= 3 if moment == "before the hops" else kinds.count("one-shot") == 2
+
+        run_id, first = kill_the_worker(services, GAP_RUN, ready)
         if moment == "before the hops":
             assert "one-shot" not in [row[3] for row in charged]
             assert first.status == "interrupted" and "lost a worker process" in first.message, first.message
