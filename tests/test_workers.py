@@ -161,6 +161,33 @@ def test_a_killed_worker_is_a_typed_error_and_the_group_closes(dataset: Path, tm
     again.close()
 
 
+def test_after_a_join_that_failed_the_next_group_forms(dataset: Path, tmp_path: Path) -> None:
+    """A rendezvous that times out leaves torch's group counter raised (pytorch/pytorch#46561):
+    rank 0 would name its next group 1 and a fresh worker its own 0, and they would never meet.
+    WorkerGroup.start forgets the failed join, so the resumed run's workers join."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from vesper.party_a.workers.group import _forget_failed_join, free_port
+
+    with pytest.raises(dist.DistError):  # a worker that never came: the join gives up
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=2, timeout=timedelta(seconds=2),
+        )
+    assert not dist.is_initialized()
+    _forget_failed_join()  # what WorkerGroup.start does when its join fails
+    config = config_for("pmp-gin")
+    extractor, initial = build(config, dataset)
+    started = time.monotonic()
+    group = start_group(config, dataset, initial, tmp_path)
+    try:
+        DistributedExtractor(extractor, group).release(torch.arange(10), "train")
+    finally:
+        group.close()
+    assert time.monotonic() - started < 60  # joined, not waited out
+
+
 def test_one_run_at_a_time_holds_the_group_from_its_start(dataset: Path, tmp_path: Path) -> None:
     """A run reserves the group before anything is charged; a second is refused then (not when it
     would start its workers: for GAP after its encoder stage); the group's close lets it go."""
