@@ -55,6 +55,9 @@ def test_each_rule_is_read_off_the_same_runs(tmp_path: Path) -> None:
     text = markdown([cell], "cmd")
     assert "| x | g | 4 | 4 | 0.803 | 0.80" in text and text.count("**below** |") == 1
     assert "4 of 4 runs differ. Cells below the MLP: kept 0, maximum 1, edge-free 0." in text
+    level = cell.model_copy(update={"differ": 0, "tests": {**cell.tests, "maximum": cell.tests["kept"]}})
+    assert "| x | g |" in markdown([level], "cmd") and "| x | g |" not in markdown([level], "cmd", notable_only=True)
+    assert "The 1 cells of 1 where" in markdown([cell], "cmd", notable_only=True)
 
 
 def test_the_command_updates_its_section_and_refuses_an_empty_folder(tmp_path: Path) -> None:
