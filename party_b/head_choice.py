@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from vesper.party_b.metrics import positive_scores
+
 # z of the rule above: a lead of one standard error. The choice of z is measured in
 # docs/utility.md, section 10 (every head of GAP's runs on every development graph and ε).
 MARGIN_Z = 1.0
@@ -72,9 +74,8 @@ def auc_difference_se(truth: torch.Tensor, base: torch.Tensor, other: torch.Tens
     m, n = int(positive.sum()), int((~positive).sum())
     if m < 2 or n < 2:
         return math.inf
-    score = lambda logits: torch.softmax(logits.double(), dim=1)[:, 1].cpu().numpy()  # noqa: E731
-    base10, base01 = _placements(score(base), positive)
-    other10, other01 = _placements(score(other), positive)
+    base10, base01 = _placements(positive_scores(base), positive)
+    other10, other01 = _placements(positive_scores(other), positive)
     variance = np.var(other10 - base10, ddof=1) / m + np.var(other01 - base01, ddof=1) / n
     return float(math.sqrt(variance))
 

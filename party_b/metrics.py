@@ -26,10 +26,14 @@ def metric_name(num_classes: int) -> str:
     return "roc_auc" if num_classes == 2 else "accuracy"
 
 
+def positive_scores(logits: torch.Tensor) -> np.ndarray:
+    """A binary task's score of each node: the probability of class 1."""
+    return torch.softmax(logits.double(), dim=1)[:, 1].cpu().numpy()
+
+
 def compute_metric(name: str, logits: torch.Tensor, labels: torch.Tensor) -> float:
     if name == "accuracy":
         return accuracy(logits, labels)
     if name == "roc_auc":
-        scores = torch.softmax(logits.double(), dim=1)[:, 1].cpu().numpy()
-        return roc_auc(scores, labels.cpu().numpy())
+        return roc_auc(positive_scores(logits), labels.cpu().numpy())
     raise ValueError(f"unknown metric {name!r}")

@@ -135,23 +135,25 @@ class LabelSession:
         predictions with the head it keeps.
         """
         per_head: dict[str, list[tuple[str, str, float, int]]] = {}
-        validation: dict[str, torch.Tensor] = {}  # each head's logits of the validation nodes, and "truth"
+        validation: dict[str, torch.Tensor] = {}  # each head's logits of the validation nodes
+        validation_truth = torch.empty(0)
         for split, collected in scores.items():
             ids = torch.cat(collected.node_ids)
             truth = self.labels[ids.to(self.device)]
+            if split == "val":
+                validation_truth = truth
             for head, chunks in collected.logits.items():
                 logits = torch.cat(chunks).to(self.device)
                 value = compute_metric(self.store.metric, logits, truth)
                 per_head.setdefault(head, []).append((split, self.store.metric, value, int(ids.numel())))
                 if split == "val":
-                    validation[head], validation["truth"] = logits, truth
+                    validation[head] = logits
         if not isinstance(self.decoder, FallbackDecoder):
             return Evaluation(per_head.get("model", []))
         chosen, errors = BASE_HEAD, {}  # without validation nodes in the pass nothing shows another head better
         if validation:
             metrics = {head: {r[0]: r[2] for r in rows}["val"] for head, rows in per_head.items()}
-            truth = validation.pop("truth")
-            choice = choose_head(self.store.metric, truth, validation, metrics)
+            choice = choose_head(self.store.metric, validation_truth, validation, metrics)
             chosen, errors = choice.head, choice.errors
         self.decoder.choose(chosen)
         return Evaluation(per_head[chosen], chosen, per_head, errors)
