@@ -33,8 +33,8 @@ from rich.console import Console
 from vesper.benchmarks.degradation import BASELINE, MIN_SEEDS, completed_runs
 from vesper.benchmarks.extractor_table import TableRow, read_rows
 from vesper.benchmarks.findings import SIGNIFICANCE, welch_one_sided
+from vesper.party_b.decoders import HEADS  # the order ties go by
 
-HEADS = ("edge-free", "graph", "combined")  # party_b.decoders.HEADS: the order ties go by
 RULES = ("kept", "maximum", "edge-free")
 BEGIN, END = "<!-- head-rules:begin (python -m vesper.benchmarks.head_rules) -->", "<!-- head-rules:end -->"
 
@@ -89,10 +89,10 @@ def cells(
         for run in runs:
             metrics = heads[run.run_id]
             tests["kept"].append(float(run.test))  # type: ignore[arg-type]
-            maximum = metrics[f"test@{maximum_head(metrics)}"]
-            tests["maximum"].append(maximum)
+            maximum = maximum_head(metrics)
+            tests["maximum"].append(metrics[f"test@{maximum}"])
             tests["edge-free"].append(metrics["test@edge-free"])
-            differ += run.head != maximum_head(metrics)
+            differ += run.head != maximum
         baseline = [float(r.test) for r in completed_runs(rows, dataset, BASELINE, None)]  # type: ignore[arg-type]
         found.append(HeadRuleCell(
             dataset=dataset, extractor=extractor, epsilon=epsilon, tests=tests, baseline=baseline, differ=differ,

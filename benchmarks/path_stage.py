@@ -28,9 +28,9 @@ from vesper.benchmarks.utility_datasets import resolve_datasets
 from vesper.benchmarks.utility_options import SYNTHETIC_NODES
 from vesper.common.config import RunConfig
 from vesper.coordinator.public_facts import with_published_edge_bound
+from vesper.party_b.decoders import HEADS
 
 FORMS = ("baseline", "stage", "no stage")  # the MLP; the extractor with its path's stage; without it
-HEADS = ("edge-free", "graph", "combined")
 
 
 class PathStageRow(BaseModel):
