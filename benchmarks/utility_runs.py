@@ -125,5 +125,8 @@ def run_utility(
     else:
         with open_drivers(options, say) as opened:
             rows = run_grid(options.base, plan, options.out, opened, say)
-    drop_superseded(options.out / "results.csv", (r.key for r in rows))
+    # only the cells this invocation ran: a completed run kept from before stays, even where another
+    # completed run shares its key (runs of other days merged into one file, e.g. more MLP seeds)
+    kept = {r.run_id for r in plan.done}
+    drop_superseded(options.out / "results.csv", (r.key for r in rows if r.run_id not in kept))
     return UtilityRun(datasets=datasets, plan=plan, rows=rows)

@@ -18,7 +18,7 @@ from rich.console import Console
 from vesper.benchmarks import extractor_sweep as sweep
 from vesper.benchmarks import findings
 from vesper.benchmarks import utility_bench as bench
-from vesper.benchmarks.extractor_table import TableRow, append_row, read_rows
+from vesper.benchmarks.extractor_table import TableRow, append_row, read_rows, row_of
 from vesper.common.config import Metric, RunConfig, RunSummary
 
 TRAITS = {
@@ -171,6 +171,28 @@ def test_a_killed_benchmark_resumes_with_only_the_missing_runs(tmp_path: Path) -
     again = bench.run_utility(options, quiet(tmp_path), drivers=[drive], traits=traits)
     assert len(calls) == 16 and len(again.rows) == 16  # complete: nothing runs
 
+
+def test_completed_runs_that_share_a_key_are_kept_when_other_cells_run(tmp_path: Path) -> None:
+    """Runs of another day merged into the file (more MLP seeds) are not dropped as 'superseded'
+    by a later invocation that runs other cells; a cell it runs again after a failure is listed once."""
+    options = _options(tmp_path, extractors=["mlp", "pmp-gcn"], accountings=["visible-batch"], epsilons=[4.0])
+    options.out.mkdir(parents=True)
+    path = options.out / "results.csv"
+    base = RunConfig.model_validate({
+        "dataset": "cora", "epochs": 3, "seed": 0, "extractor": {"name": "mlp"},
+        "privacy": {"epsilon": 4.0, "accounting": "visible-batch"},
+    })
+    for day in ("monday", "tuesday"):  # the same key, two completed runs
+        append_row(path, row_of(_summary(base).model_copy(update={"run_id": f"mlp-0-{day}"}), "cora", 0))
+    failed = base.model_copy(update={"extractor": base.extractor.model_copy(update={"name": "pmp-gcn"})})
+    append_row(path, row_of(_summary(failed).model_copy(update={"status": "failed", "run_id": ""}), "cora", 0))
+
+    bench.run_utility(options, quiet(tmp_path), drivers=[_summary], traits=traits)
+
+    rows = read_rows(path)
+    assert sorted(r.run_id for r in rows if r.extractor == "mlp" and r.seed == 0) == ["mlp-0-monday", "mlp-0-tuesday"]
+    pmp0 = [r for r in rows if r.extractor == "pmp-gcn" and r.seed == 0]
+    assert [r.status for r in pmp0] == ["completed"]  # the failure it ran again is gone
 
 def test_an_old_csv_without_decoder_reads_as_concat_and_is_migrated(tmp_path: Path) -> None:
     path = tmp_path / "results.csv"
