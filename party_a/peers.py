@@ -7,6 +7,7 @@ address, doing what, so the run ends with a message a user can act on.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Iterator
@@ -26,6 +27,8 @@ from vesper.common.grpc_server import channel_options
 from vesper.common.tls import open_channel
 from vesper.proto.v1 import label_party_pb2 as lp_pb
 from vesper.proto.v1 import label_party_pb2_grpc as lp_grpc
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "AccountantClient", "BudgetRefused", "EvaluationStream", "LabelPartyClient", "LeaseRefused", "PeerError", "PeerLost",
@@ -207,9 +210,14 @@ class LabelPartyClient:
         lost = error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
         return (PeerLost if lost else PeerError)(f"party B at {self.address} failed the alignment: {describe_rpc_error(error)}")
 
-    def finish(self, run_id: str, status: str, reason: str) -> None:
-        """Best effort: B may be the reason the run ended."""
+    def finish(self, run_id: str, status: str, reason: str, edge_free_head_to: str = "") -> None:
+        """Best effort: B may be the reason the run ended. ``edge_free_head_to``: the session whose
+        edge-free head starts from this (stage) session's decoder (FinishRunRequest)."""
         try:
-            self._stub.FinishRun(lp_pb.FinishRunRequest(run_id=run_id, status=status, reason=reason), timeout=10)
-        except grpc.RpcError:
-            pass
+            self._stub.FinishRun(lp_pb.FinishRunRequest(
+                run_id=run_id, status=status, reason=reason, edge_free_head_to=edge_free_head_to,
+            ), timeout=10)
+        except grpc.RpcError as exc:
+            if edge_free_head_to:  # the run goes on, its edge-free head starting afresh at B
+                log.warning("session %s: party B did not hand its decoder to %s: %s", run_id, edge_free_head_to,
+                            exc.details() if hasattr(exc, "details") else exc)

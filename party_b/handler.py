@@ -490,7 +490,29 @@ class LabelParty:
             except PeerError as exc:
                 log.warning("run %s: could not close B's label ledger: %s", request.run_id, exc)
         log.info("run %s finished at B: %s %s", request.run_id, request.status, request.reason)
+        if request.edge_free_head_to and (request.status or "completed") == "completed":
+            self._hand_edge_free_head(session, request.edge_free_head_to)
         return pb.FinishRunReply()
+
+    def _hand_edge_free_head(self, stage: LabelSession, target_id: str) -> None:
+        """The finished ``stage`` session's decoder starts the edge-free head of ``target_id``, a
+        session of the same run (FinishRunRequest.edge_free_head_to). Refused: another run's session,
+        or a head of another shape; the stage itself is finished either way."""
+        if not stage.run_id.startswith(target_id + "."):
+            raise Refused(
+                f"session {stage.run_id} is not a stage of run {target_id}: only a run's own stage can start its "
+                "edge-free head"
+            )
+        target = self._session(target_id)
+        with target.lock:
+            try:
+                started = target.start_edge_free_head(stage)
+            except ValueError as exc:
+                raise Refused(str(exc)) from None
+        log.info(
+            "run %s: edge-free head %s", target_id,
+            f"starts from {stage.run_id}'s decoder" if started else "kept (the session has trained)",
+        )
 
 
 class _Collection:

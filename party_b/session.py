@@ -164,6 +164,34 @@ class LabelSession:
         self.decoder.eval()
         return self.head_logits(embeddings.to(self.device))
 
+    def start_edge_free_head(self, stage: LabelSession) -> bool:
+        """Start the edge-free head from ``stage``'s decoder and optimiser state: the session of
+        A's edge-free path's own stage, which trained the same architecture on the same L_f
+        slices (party_a.extractors.edge_free_path). The head then goes on training as the MLP
+        baseline's decoder would have, for the stage's epochs and the run's in all.
+
+        False, changing nothing, once this session has trained a step (a resumed session keeps
+        its checkpoint). ValueError: no edge-free head here, or another architecture there.
+        """
+        if not isinstance(self.decoder, FallbackDecoder):
+            raise ValueError(f"session {self.run_id} has no edge-free head (it was set up without edge_free_layers)")
+        if self.next_step:
+            return False
+        head = self.decoder.edge_free
+        theirs = stage.decoder.state_dict()
+        if {k: v.shape for k, v in theirs.items()} != {k: v.shape for k, v in head.state_dict().items()}:
+            raise ValueError(
+                f"session {stage.run_id}'s decoder is not the edge-free head of {self.run_id} "
+                f"(its {stage.layers} slices of width {stage.dim}; the head reads {self.decoder.edge_free_layers} "
+                f"of width {self.dim})"
+            )
+        head.load_state_dict(theirs)
+        for mine, source in zip(head.parameters(), stage.decoder.parameters(), strict=True):
+            state = stage.optimizer.state.get(source)
+            if state:
+                self.optimizer.state[mine] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+        return True
+
     # -- checkpoints (docs/faults.md): B's half of a resumable run ----------------------------
     def save_checkpoint(self, directory: Path, keep: int = 2) -> None:
         """After ``next_step`` steps: decoder, optimiser and dropout stream, written atomically;

@@ -129,6 +129,15 @@ def test_b_received_only_charged_releases(cluster: LocalCluster, calibrated: dic
         assert len(streams["path stage"][0]) == PATH_EPOCHS * CORA_STEPS
 
 
+def test_the_run_s_edge_free_head_goes_on_from_the_path_stage(cluster: LocalCluster, calibrated: dict[int, dict]) -> None:
+    """Through the services: the path's stage hands B's decoder to the run's edge-free head
+    (FinishRunRequest.edge_free_head_to; the math is tests/test_edge_free_path.py's)."""
+    log = (cluster.workdir / "logs" / "party-b.log").read_text()
+    for summary in calibrated.values():
+        run_id = summary["run_id"]
+        assert f"run {run_id}: edge-free head starts from {run_id}.edge-free-path's decoder" in log
+
+
 def test_b_reports_each_head_and_keeps_the_rival_only_beyond_one_se(calibrated: dict[int, dict]) -> None:
     """Through the services: every head's metrics, each other head's paired SE, and a kept head
     that follows party_b.head_choice's rule from those numbers."""

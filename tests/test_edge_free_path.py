@@ -117,7 +117,7 @@ def test_a_one_shot_extractor_s_path_first_trains_alone_for_the_rest_of_the_base
     assert baseline_epochs() == 50
     short = build_extractor(lookup("gap"), _setup("gap", epochs=20))
     plan, unstaged = short.charge_plan(ROOTS), build_extractor(lookup("gap"), _setup("gap", epochs=50)).charge_plan(ROOTS)
-    assert plan.stages == (Stage(name=PATH_STAGE, epochs=30, layers=2),) and unstaged.stages == ()
+    assert plan.stages == (Stage(name=PATH_STAGE, epochs=30, layers=2, continues=True),) and unstaged.stages == ()
     assert plan.rules == unstaged.rules and plan.one_shot_releases == unstaged.one_shot_releases
     assert plan.details["edge_free_path"]["stage_epochs"] == 30
     assert sum(p.kind == "train" for p in plan.passes(20, ROOTS)) == 30 + 20  # calibration covers the stage
@@ -160,6 +160,64 @@ def test_the_path_s_stage_trains_its_mlp_alone_after_the_extractor_s_preparation
 
     extractor.prepare(Session())
     assert calls == ["hop 0", "hop 1", PATH_STAGE]  # after the hops: their noise is drawn as without the path
+
+
+def test_the_run_s_edge_free_head_goes_on_from_the_path_stage_s_decoder() -> None:
+    """B: the run's edge-free head starts from the stage's decoder and optimiser state, so that its
+    next step is the step the stage's decoder would have taken (one training, E_pre + E epochs)."""
+    store = load_labels(resolve_dataset("cora"), split_seed=0)
+    config, cpu = DecoderConfig(hidden_dim=16), torch.device("cpu")
+    stage = LabelSession("r.edge-free-path", store, config, OptimizerConfig(), 8, 1, "float32", 0, cpu)
+    run = LabelSession("r", store, config, OptimizerConfig(), 8, 3, "float32", 1, cpu, edge_free_layers=1)
+    ids = torch.from_numpy(store.split.train[:16])
+    draws = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        stage.train_step(ids, torch.rand(16, 8, 1, generator=draws))
+    assert not torch.equal(run.decoder.edge_free.net[0].weight, stage.decoder.net[0].weight)
+
+    assert run.start_edge_free_head(stage)
+    for mine, theirs in zip(run.decoder.edge_free.parameters(), stage.decoder.parameters(), strict=True):
+        assert torch.equal(mine, theirs) and mine is not theirs
+    # one more step of each: the run's head moves exactly as the stage's decoder does (Adam's state went on)
+    path_slice = torch.rand(16, 8, 1, generator=draws)
+    stage.train_step(ids, path_slice)
+    run.train_step(ids, torch.cat([torch.rand(16, 8, 2, generator=draws), path_slice], dim=-1))
+    for mine, theirs in zip(run.decoder.edge_free.parameters(), stage.decoder.parameters(), strict=True):
+        assert torch.allclose(mine, theirs, atol=1e-6)
+
+    # a session that has trained keeps its own head (a resumed run restored its checkpoint)
+    before = [p.detach().clone() for p in run.decoder.edge_free.parameters()]
+    stage.train_step(ids, path_slice)
+    assert not run.start_edge_free_head(stage)
+    assert all(torch.equal(b, p) for b, p in zip(before, run.decoder.edge_free.parameters(), strict=True))
+    # another architecture, or a session without the path, is refused with what differs
+    fresh = LabelSession("r", store, config, OptimizerConfig(), 8, 3, "float32", 1, cpu, edge_free_layers=1)
+    wide = LabelSession("r.edge-free-path", store, config, OptimizerConfig(), 8, 2, "float32", 0, cpu)
+    with pytest.raises(ValueError, match="is not the edge-free head of r"):
+        fresh.start_edge_free_head(wide)
+    plain = LabelSession("r", store, config, OptimizerConfig(), 8, 3, "float32", 1, cpu)
+    with pytest.raises(ValueError, match="has no edge-free head"):
+        plain.start_edge_free_head(stage)
+
+
+def test_a_s_optimiser_goes_on_from_the_path_stage_s_state() -> None:
+    """A: the run's optimiser (extractor and path) takes the stage's Adam state for the path's
+    parameters; the extractor's own start afresh."""
+    from vesper.party_a.run.preparation import continue_optimiser
+
+    extractor = build_extractor(lookup("pmp-gcn"), _setup("pmp-gcn"))
+    path = extractor.path.trainable_parameters()
+    stage = torch.optim.Adam(path, lr=0.01)
+    for _ in range(2):
+        stage.zero_grad()
+        sum(p.sum() for p in path).backward()
+        stage.step()
+    run = torch.optim.Adam(extractor.trainable_parameters(), lr=0.01)
+    continue_optimiser(run, [stage])
+    assert set(map(id, run.state)) == set(map(id, path))
+    for p in path:
+        assert torch.equal(run.state[p]["exp_avg"], stage.state[p]["exp_avg"]) and float(run.state[p]["step"]) == 2
+        assert run.state[p]["exp_avg"] is not stage.state[p]["exp_avg"]
 
 
 def test_each_part_of_the_release_learns_from_its_own_head_only() -> None:

@@ -117,6 +117,9 @@ class Stage:
     name: str
     epochs: int
     layers: int
+    # the run goes on training what this stage trained (the edge-free path's stage): B starts the
+    # run's edge-free head from the stage's decoder, and A's optimiser from the stage's state
+    continues: bool = False
 
 
 @dataclass(frozen=True)

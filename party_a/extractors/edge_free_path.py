@@ -20,7 +20,10 @@ epochs), which would leave the path an MLP trained 20 epochs where the baseline 
 0.722 against 0.745 on Cora at ε = 4 (docs/utility.md, section 7). So for such an extractor
 the path first trains alone with B, in an edge-free stage of its own (``edge-free-path``),
 for E_pre = E_mlp − E epochs (``extractor.edge_free_path_epochs`` sets another number), and the
-run's E epochs then train it on: E_mlp in all, the baseline's. The charge plan is the extractor's own:
+run's E epochs then train it on: E_mlp in all, the baseline's. The run continues the stage at both
+parties (``Stage.continues``): B's edge-free head starts from the stage's decoder and A's
+optimiser from the stage's state, so that the head, too, trains E_mlp epochs (before, it started
+afresh with the run and trained E). The charge plan is the extractor's own:
 the appended part is a function of A's features, A's parameters (updated only from B's
 gradients of charged releases) and dropout masks keyed like every other (docs/privacy.md,
 section 2.5). The whole-release test runs every registered extractor through
@@ -161,7 +164,7 @@ class WithEdgeFreePath(nn.Module):
     def path_stage(self) -> Stage | None:
         """The path's own edge-free stage (E_pre epochs of its L_f slices), or None."""
         epochs = path_stage_epochs(self.spec.cost_model, self.setup.config)
-        return Stage(name=PATH_STAGE, epochs=epochs, layers=self.path.output_layers) if epochs else None
+        return Stage(name=PATH_STAGE, epochs=epochs, layers=self.path.output_layers, continues=True) if epochs else None
 
     def charge_plan(self, roots: RootPlan) -> ChargePlan:
         """The extractor's plan: the path reads no edge, so every rule stays as it is; its own

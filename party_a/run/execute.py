@@ -36,7 +36,7 @@ from vesper.party_a.run.evaluation import Scores, collect, evaluate
 from vesper.party_a.run.graph_data import GraphData
 from vesper.party_a.run.label_session import root_plan, setup_request
 from vesper.party_a.run.lease import LeaseKeeper
-from vesper.party_a.run.preparation import Preparation
+from vesper.party_a.run.preparation import Preparation, continue_optimiser
 from vesper.party_a.run.progress import ProgressEvent, Report
 from vesper.party_a.run.release import Release, check_plan_fits, plan_release, with_prediction
 from vesper.party_a.run.secrets import SecretGenerators
@@ -173,13 +173,14 @@ class GraphPartyRun:
         # a resumed run replays the preparation: its releases are recomputed from the same
         # generators, charged again under their keys (the ledger recognises them) and checked
         # against the journal before any is re-sent
-        extractor.prepare(Preparation(self.ctx, roots, release, self._open_session))
+        preparation = Preparation(self.ctx, roots, release, self._open_session)
+        extractor.prepare(preparation)
         eval_index = 0
         if cfg.label_privacy.mode == "pate":
             roots, eval_index, note = collect(self.ctx, roots, release, extractor, self.data.shared_nodes)
             self.summary = self.summary.model_copy(update={"label_note": note})
         extractor, evaluator = self._distributed(extractor, evaluator)
-        optimizer = self._train(roots, release, extractor)
+        optimizer = self._train(roots, release, extractor, preparation.continued)
         if evaluator is not extractor:
             evaluator.load_state_dict(extractor.state_dict())
         metrics = evaluate(self.ctx, roots, release, evaluator, eval_index, self.hooks.evaluation_parts)
@@ -317,11 +318,16 @@ class GraphPartyRun:
         check_plan_fits(self.accountant, self.config, self.delta, roots, plan, release)
 
     # -- training ------------------------------------------------------------------------------
-    def _train(self, roots: RootPlan, release: Release, extractor: Extractor) -> torch.optim.Optimizer | None:
-        """The main training pass (from the checkpoint when resuming); the optimiser it trained."""
+    def _train(
+        self, roots: RootPlan, release: Release, extractor: Extractor, continued: list[torch.optim.Optimizer],
+    ) -> torch.optim.Optimizer | None:
+        """The main training pass (from the checkpoint when resuming, else going on from the
+        ``continued`` stages' optimisers); the optimiser it trained."""
         parameters = extractor.trainable_parameters()
         optimizer = build_optimizer(self.config.optimizer, parameters) if parameters else None
         start = self.checkpoints.restore(extractor, optimizer) if self.checkpoints.latest else None
+        if start is None and optimizer is not None:
+            continue_optimiser(optimizer, continued)
         if not roots.train_ids.numel():
             self.report(ProgressEvent("train", message="no training roots (no query was answered): nothing to train"))
             return optimizer

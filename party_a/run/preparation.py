@@ -30,6 +30,8 @@ class Preparation:
         self.roots = roots
         self.release = release
         self.open_session = open_session
+        # the optimisers of the completed stages the run continues (Stage.continues)
+        self.continued: list[torch.optim.Optimizer] = []
 
     def charge_one_shot(self, index: int, node_ids: torch.Tensor) -> None:
         self.ctx.charger.charge(node_ids, self.release, "one-shot-0", "one-shot", index)
@@ -40,7 +42,11 @@ class Preparation:
     def train_stage(
         self, stage: Stage, release: Callable[[torch.Tensor], torch.Tensor], parameters: Iterable[nn.Parameter]
     ) -> None:
-        """An extractor's edge-free stage, trained with B in a session of its own."""
+        """An extractor's edge-free stage, trained with B in a session of its own.
+
+        A stage the run continues (``stage.continues``) hands B's decoder to the run's edge-free
+        head when it completes, and leaves its optimiser for the run's (:func:`continue_optimiser`).
+        """
         parameters = list(parameters)
         session_id = f"{self.ctx.run_id}.{stage.name}"
         self.open_session(session_id, stage.layers)  # on resume: replayed from its start
@@ -52,8 +58,24 @@ class Preparation:
                 f"{stage.name}", f"{stage.name} epoch", edge_free=True,
             )).run()
             status, reason = "completed", "stage completed"
+            if stage.continues and optimizer is not None:
+                self.continued.append(optimizer)
         finally:
-            self.ctx.label_party.finish(session_id, status, reason)
+            head_to = self.ctx.run_id if stage.continues and status == "completed" else ""
+            self.ctx.label_party.finish(session_id, status, reason, edge_free_head_to=head_to)
 
     def progress(self, message: str) -> None:
         self.ctx.report(ProgressEvent("prepare", message=message, epsilon_spent=self.ctx.charger.epsilon_spent))
+
+
+def continue_optimiser(optimizer: torch.optim.Optimizer, stages: Iterable[torch.optim.Optimizer]) -> None:
+    """The run's optimiser goes on from each continued stage's state (Adam's moments and step
+    count) for the parameters they share, as if the stage's epochs had been the run's first:
+    without it, the edge-free path's layers would restart Adam's bias correction at the run's first step."""
+    mine = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    for stage in stages:
+        for parameter, state in stage.state.items():
+            if id(parameter) in mine:
+                optimizer.state[parameter] = {
+                    key: value.clone() if isinstance(value, torch.Tensor) else value for key, value in state.items()
+                }

@@ -188,14 +188,16 @@ class EvalResult(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., eval_id: _Optional[int] = ..., metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ..., decoder_head: _Optional[str] = ..., head_metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ..., head_errors: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ...) -> None: ...
 
 class FinishRunRequest(_message.Message):
-    __slots__ = ("run_id", "status", "reason")
+    __slots__ = ("run_id", "status", "reason", "edge_free_head_to")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    EDGE_FREE_HEAD_TO_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     status: str
     reason: str
-    def __init__(self, run_id: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    edge_free_head_to: str
+    def __init__(self, run_id: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., edge_free_head_to: _Optional[str] = ...) -> None: ...
 
 class FinishRunReply(_message.Message):
     __slots__ = ()
