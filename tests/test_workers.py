@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -159,6 +160,46 @@ def test_a_killed_worker_is_a_typed_error_and_the_group_closes(dataset: Path, tm
     # the group is free again: a new run can start its own
     again = start_group(config, dataset, initial, tmp_path)
     again.close()
+
+
+def test_a_worker_that_exits_before_joining_is_reported_at_once(
+    dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 0 watches the processes it started while it waits for them to arrive at the store:
+    one that exits first is a typed error now, not when the join gives up (here 30 + 60 s)."""
+    import subprocess
+
+    from vesper.party_a.workers import group as group_module
+
+    real = subprocess.Popen
+
+    def dies_at_once(command, *args, **kwargs):  # a worker that exits before it joins
+        return real([sys.executable, "-c", "import sys; sys.exit(3)"], *args, **kwargs)
+
+    monkeypatch.setattr(group_module.subprocess, "Popen", dies_at_once)
+    config = config_for("pmp-gin")
+    _, initial = build(config, dataset)
+    reservation = GroupReservation(2)
+    started = time.monotonic()
+    with pytest.raises(WorkerLost, match="lost a worker process while joining the group") as lost:
+        start_group(config, dataset, initial, tmp_path, reservation)
+    assert "exited with 3" in str(lost.value) and "before it joined" in str(lost.value)
+    assert time.monotonic() - started < 20
+    assert not reservation.held  # the group is free for the resumed run
+    monkeypatch.undo()
+    again = start_group(config, dataset, initial, tmp_path)  # and the next group forms
+    again.close()
+
+
+def test_a_rendezvous_address_vesper_cannot_use_is_named() -> None:
+    from vesper.party_a.workers.__main__ import parse
+    from vesper.party_a.workers.rendezvous import RendezvousError, store_address
+
+    assert store_address("tcp://10.0.0.2:29500") == ("10.0.0.2", 29500)
+    with pytest.raises(RendezvousError, match="expected tcp://HOST:PORT or env://"):
+        store_address("file:///tmp/x")
+    with pytest.raises(SystemExit):
+        parse(["--rank", "1", "--world", "2", "--init", "tcp://nohost"])
 
 
 def test_after_a_join_that_failed_the_next_group_forms(dataset: Path, tmp_path: Path) -> None:

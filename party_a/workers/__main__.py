@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 
+from vesper.party_a.workers.rendezvous import RendezvousError, store_address
 from vesper.party_a.workers.worker import main
 
 
@@ -28,6 +29,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not 1 <= args.rank < args.world:
         parser.error(f"--rank must be in 1..{max(args.world - 1, 1)} and --world at least 2, got rank {args.rank} of {args.world}")
+    try:
+        store_address(args.init)
+    except RendezvousError as exc:
+        parser.error(str(exc))
     return args
 
 

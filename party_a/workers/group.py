@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -37,6 +38,7 @@ from vesper.party_a.workers.protocol import (
     cpu_state,
     split_roots,
 )
+from vesper.party_a.workers.rendezvous import arrived, open_store
 
 WORKERS_FILE = "workers.json"  # runs/<id>/workers.json: the worker processes' ids, for an operator
 _ONE_GROUP = threading.Lock()  # torch.distributed has one default group per process: one run at a time uses it
@@ -137,7 +139,9 @@ class WorkerGroup:
                 (run_dir / WORKERS_FILE).write_text(json.dumps({"pids": [p.pid for p in processes]}) + "\n")
             group = cls(world, processes, timeout, reservation)
             with group._lost("joining the group"):
-                dist.init_process_group("gloo", init_method=init, rank=0, world_size=world, timeout=timedelta(seconds=timeout))
+                store = open_store(init, 0, world, timeout)
+                group._await_workers(store)
+                dist.init_process_group("gloo", store=store, rank=0, world_size=world, timeout=timedelta(seconds=timeout))
             with group._lost("setting the workers up"):
                 dist.broadcast_object_list([setup.model_dump_json(), states], src=0)
                 problems: list[Any] = [None] * world
@@ -214,6 +218,18 @@ class WorkerGroup:
         return gathered
 
     # -- faults ---------------------------------------------------------------------------------
+    def _await_workers(self, store: dist.TCPStore, poll_s: float = 0.05) -> None:
+        """Until the W-1 workers have arrived at the store (party_a.workers.rendezvous): a worker
+        this rank started that exits first is reported now, not when the join would give up
+        (step_timeout_s + peer_retry_s + 60 s). Workers on other hosts are waited for that long."""
+        deadline = time.monotonic() + self.timeout_s
+        while (count := arrived(store)) < self.world - 1:
+            if any(process.poll() is not None for process in self.processes):
+                raise RuntimeError("a worker process exited before it joined")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{count} of {self.world - 1} workers joined within {self.timeout_s:g} s")
+            time.sleep(poll_s)
+
     def _send(self, command: Command) -> None:
         """Every command starts with a look at the workers this rank started: one that has exited is
         reported now, not when a collective waiting for it gives up (the group's timeout)."""

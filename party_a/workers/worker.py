@@ -12,6 +12,7 @@ import torch.distributed as dist
 from vesper.common.torch_threads import apply_torch_threads
 from vesper.party_a.workers.hops import partitioned_hop
 from vesper.party_a.workers.protocol import BackwardCommand, HopCommand, ReleaseCommand, StopCommand, WorkerSetup
+from vesper.party_a.workers.rendezvous import arrive, open_store
 from vesper.party_a.workers.replica import Replica
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,9 @@ def receive(count: int = 1) -> list[object]:
 
 def serve_run(init_method: str, rank: int, world: int, timeout_s: float) -> int:
     """One run's group, from joining it to rank 0's stop; 0 when it ended as rank 0 asked."""
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+    store = open_store(init_method, rank, world, timeout_s)
+    arrive(store)  # rank 0 watches for this while it watches the processes it started
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
     try:
         setup_json, states = receive(2)
         setup = WorkerSetup.model_validate_json(setup_json)  # type: ignore[arg-type]
