@@ -142,8 +142,9 @@ def test_gaps_hops_over_two_workers_charge_the_ledger_of_one(gap_one_worker, tmp
 
 @pytest.mark.parametrize("moment", ["before the hops", "after the hops"])
 def test_a_worker_killed_in_a_gap_run_charges_nothing_twice(gap_one_worker, moment: str, tmp_path: Path) -> None:
-    """SIGKILL GAP's worker as it starts, when the hops begin (before it joins the group): the
-    join gives up after the group's timeout, the run stops as interrupted, and the resume
+    """SIGKILL GAP's worker as it starts, when the hops begin (before it joins the group): rank 0
+    sees it exit while it waits for it (or, had it arrived, the join gives up after the group's
+    timeout), the run stops as interrupted, and the resume
     replays the edge-free stages and computes the hops over a fresh worker (which failed before
     party_a.workers.group._forget_failed_join: rank 0's next group had another name). Killed
     once both hops are charged, the worker has done its part (GAP trains on rank 0) and the run
