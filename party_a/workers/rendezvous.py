@@ -10,6 +10,7 @@ exits first is reported at once (party_a.workers.group).
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 from urllib.parse import urlsplit
 
@@ -58,3 +59,17 @@ def arrived(store: dist.TCPStore) -> int:
 def arrive(store: dist.TCPStore) -> None:
     """A worker's word to rank 0 that it is here, before the group forms."""
     store.add(JOINED, 1)
+
+
+def await_closed(store: dist.TCPStore, timeout_s: float, poll_s: float = 0.05) -> bool:
+    """Until rank 0's store of a run that ended is gone (True), or ``timeout_s`` (False). A worker
+    that serves run after run waits for it before it joins again: rank 0 hosts each run's store at
+    the same address, and a worker that reached the last run's store would meet its stale keys."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            arrived(store)
+        except (RuntimeError, dist.DistError):  # the connection closed: rank 0 let the store go
+            return True
+        time.sleep(poll_s)
+    return False

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from vesper.common.torch_threads import apply_torch_threads
 from vesper.party_a.workers.hops import partitioned_hop
 from vesper.party_a.workers.protocol import BackwardCommand, HopCommand, ReleaseCommand, StopCommand, WorkerSetup
-from vesper.party_a.workers.rendezvous import arrive, open_store
+from vesper.party_a.workers.rendezvous import arrive, await_closed, open_store
 from vesper.party_a.workers.replica import Replica
 
 log = logging.getLogger(__name__)
@@ -25,8 +25,9 @@ def receive(count: int = 1) -> list[object]:
     return box
 
 
-def serve_run(init_method: str, rank: int, world: int, timeout_s: float) -> int:
-    """One run's group, from joining it to rank 0's stop; 0 when it ended as rank 0 asked."""
+def serve_run(init_method: str, rank: int, world: int, timeout_s: float, forever: bool = False) -> int:
+    """One run's group, from joining it to rank 0's stop; 0 when it ended as rank 0 asked.
+    ``forever``: then wait until rank 0's store of this run is gone (rendezvous.await_closed)."""
     store = open_store(init_method, rank, world, timeout_s)
     arrive(store)  # rank 0 watches for this while it watches the processes it started
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
@@ -57,6 +58,8 @@ def serve_run(init_method: str, rank: int, world: int, timeout_s: float) -> int:
                 raise RuntimeError(f"unknown command from rank 0: {command!r}")
     finally:
         dist.destroy_process_group()
+        if forever:
+            await_closed(store, timeout_s)
 
 
 def main(init_method: str, rank: int, world: int, timeout_s: float, forever: bool) -> int:
@@ -65,7 +68,7 @@ def main(init_method: str, rank: int, world: int, timeout_s: float, forever: boo
     torch.set_grad_enabled(True)
     while True:
         try:
-            code = serve_run(init_method, rank, world, timeout_s)
+            code = serve_run(init_method, rank, world, timeout_s, forever)
         except (RuntimeError, dist.DistError) as exc:  # rank 0 went away, or never came
             if not forever:
                 log.error("worker %d of %d: the group ended (%s)", rank, world, exc)
