@@ -152,7 +152,25 @@ def markdown(found: Sequence[DegradationCell], options: UtilityOptions, datasets
            "Below: " + "; ".join(f"{c.extractor} on {c.dataset} at ε = {c.epsilon:g}" for c in below) + "."
            if below else "Nothing measured yet.")
     )
-    return "\n".join([*lines, verdict, "", END])
+    return "\n".join([*lines, verdict, "", *chance_note(measured), END])
+
+
+def chance_note(measured: Sequence[DegradationCell]) -> list[str]:
+    """How many cells would test below by chance alone. A cell where B kept the edge-free head
+    in every run compares the MLP with the MLP's layers trained in other runs: were that head
+    the MLP exactly, such a cell would test below with probability SIGNIFICANCE, so about
+    SIGNIFICANCE x (their number) of them by chance (the cells of one graph share the MLP's
+    runs, so they tend to err together; the expected count is the same)."""
+    fallback = [c for c in measured if c.kept.get("edge-free", 0) == len(c.values)]
+    if not fallback:
+        return []
+    below = sum(c.below for c in fallback)
+    return [
+        f"Chance: in {len(fallback)} of the measured cells B kept the edge-free head in every run, so the cell "
+        f"compares the MLP with the MLP's layers trained in other runs; were that head the MLP exactly, about "
+        f"{SIGNIFICANCE * len(fallback):.1f} of them would test below at p < {SIGNIFICANCE:g} by chance alone "
+        f"(the cells of one graph share the MLP's runs and err together). {below} of them are below.", "",
+    ]
 
 
 def command_line(options: UtilityOptions) -> str:

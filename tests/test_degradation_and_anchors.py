@@ -53,6 +53,21 @@ def test_the_table_names_each_extractor_s_own_epochs_and_its_path_s_stage() -> N
     assert own_epochs(found) == "gap: 20 (its edge-free path 30 alone first)"  # pmp-gcn trains the run's 50
 
 
+def test_the_verdict_says_how_many_fallback_cells_would_test_below_by_chance() -> None:
+    from vesper.benchmarks.degradation import chance_note
+
+    fallback = [
+        cell(MLP + _rows("gap", [0.745, 0.74, 0.75, 0.743, 0.747], epsilon=e, head="edge-free"), "cora", "gap", e)
+        for e in (1.0, 4.0, 8.0)
+    ]
+    low = cell(MLP + _rows("vfgnn", [0.70, 0.71, 0.705, 0.70, 0.71], head="edge-free"), "cora", "vfgnn", 4.0)
+    mixed = cell(MLP + _rows("pmp-gcn", [0.8, 0.81], head="graph"), "cora", "pmp-gcn", 4.0)
+    (note, _) = chance_note([*fallback, low, mixed])
+    assert "in 4 of the measured cells B kept the edge-free head in every run" in note
+    assert "about 0.2 of them would test below" in note and "1 of them are below" in note
+    assert chance_note([mixed]) == []
+
+
 def test_the_published_anchors_file_is_valid_and_names_every_source() -> None:
     anchors = load_anchors()
     assert {a.method for a in anchors} == {"GAP", "ProGAP", "DPDGC", "LPGNet"}
