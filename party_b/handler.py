@@ -495,24 +495,16 @@ class LabelParty:
         return pb.FinishRunReply()
 
     def _hand_edge_free_head(self, stage: LabelSession, target_id: str) -> None:
-        """The finished ``stage`` session's decoder starts the edge-free head of ``target_id``, a
-        session of the same run (FinishRunRequest.edge_free_head_to). Refused: another run's session,
-        or a head of another shape; the stage itself is finished either way."""
-        if not stage.run_id.startswith(target_id + "."):
-            raise Refused(
-                f"session {stage.run_id} is not a stage of run {target_id}: only a run's own stage can start its "
-                "edge-free head"
-            )
+        """FinishRunRequest.edge_free_head_to: the finished ``stage``'s decoder starts the edge-free
+        head of ``target_id`` (LabelSession.start_edge_free_head); the stage is finished either way."""
         target = self._session(target_id)
         with target.lock:
             try:
                 started = target.start_edge_free_head(stage)
             except ValueError as exc:
                 raise Refused(str(exc)) from None
-        log.info(
-            "run %s: edge-free head %s", target_id,
-            f"starts from {stage.run_id}'s decoder" if started else "kept (the session has trained)",
-        )
+        done = "starts" if started else "does not start (it has trained)"
+        log.info("run %s: its decoder %s the edge-free head of %s", stage.run_id, done, target_id)
 
 
 class _Collection:

@@ -171,8 +171,14 @@ class LabelSession:
         baseline's decoder would have, for the stage's epochs and the run's in all.
 
         False, changing nothing, once this session has trained a step (a resumed session keeps
-        its checkpoint). ValueError: no edge-free head here, or another architecture there.
+        its checkpoint). ValueError: another run's session, no edge-free head here, or another
+        architecture there.
         """
+        if not stage.run_id.startswith(self.run_id + "."):
+            raise ValueError(
+                f"session {stage.run_id} is not a stage of run {self.run_id}: only a run's own stage can start its "
+                "edge-free head"
+            )
         if not isinstance(self.decoder, FallbackDecoder):
             raise ValueError(f"session {self.run_id} has no edge-free head (it was set up without edge_free_layers)")
         if self.next_step:

@@ -135,7 +135,7 @@ def test_the_run_s_edge_free_head_goes_on_from_the_path_stage(cluster: LocalClus
     log = (cluster.workdir / "logs" / "party-b.log").read_text()
     for summary in calibrated.values():
         run_id = summary["run_id"]
-        assert f"run {run_id}: edge-free head starts from {run_id}.edge-free-path's decoder" in log
+        assert f"run {run_id}.edge-free-path: its decoder starts the edge-free head of {run_id}" in log
 
 
 def test_b_reports_each_head_and_keeps_the_rival_only_beyond_one_se(calibrated: dict[int, dict]) -> None:

@@ -198,6 +198,9 @@ def test_the_run_s_edge_free_head_goes_on_from_the_path_stage_s_decoder() -> Non
     plain = LabelSession("r", store, config, OptimizerConfig(), 8, 3, "float32", 1, cpu)
     with pytest.raises(ValueError, match="has no edge-free head"):
         plain.start_edge_free_head(stage)
+    other = LabelSession("q", store, config, OptimizerConfig(), 8, 3, "float32", 1, cpu, edge_free_layers=1)
+    with pytest.raises(ValueError, match="is not a stage of run q"):
+        other.start_edge_free_head(stage)
 
 
 def test_a_s_optimiser_goes_on_from_the_path_stage_s_state() -> None:
