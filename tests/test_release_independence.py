@@ -226,6 +226,17 @@ def test_dropout_masks_depend_on_the_key_the_node_and_the_unit_only() -> None:
     assert abs(many.double().mean().item() - 0.2) < 0.01
 
 
+@pytest.mark.parametrize("p", [0.0, 0.5, 0.8, 0.999])
+def test_the_fast_dropout_mask_is_the_definition_s_bit_for_bit(p: float) -> None:
+    """keep_mask (int32 grid mixer, sign-flipped comparison) equals hash(k, v, j) ≥ p · 2³² read
+    off the definition, for keys with either top bit set and node ids up to 2³³."""
+    from vesper.party_a.keyed_dropout import keep_mask_reference
+
+    nodes = torch.cat([torch.arange(3000), torch.tensor([2**31 - 1, 2**31, 2**33 + 7])])
+    for key in [(1, 2), (2**32 - 1, 12345), (987654321, 4_000_000_000), (2**31, 2**31 - 1)]:
+        assert torch.equal(keep_mask(key, nodes, 128, p), keep_mask_reference(key, nodes, 128, p)), key
+
+
 def test_dropout_in_training_mode_refuses_to_run_without_a_key() -> None:
     dropout = KeyedDropout(0.5)
     x = torch.ones(3, 4)
