@@ -43,7 +43,7 @@ def keep_mask(key: DropoutKey, nodes: torch.Tensor, units: int, p: float) -> tor
     """keep(v, j) for every node of ``nodes`` and unit j < ``units``: bool [len(nodes), units].
 
     The hashes are ``pair_keys``'s bits computed by the int32 grid mixer (``pair_key_grid``,
-    about 5 times faster on a step's grid); the unsigned comparison hash ≥ p · 2³² is done on the
+    several times faster on a grid); the unsigned comparison hash ≥ p · 2³² is done on the
     int32 patterns with their sign bit flipped, which orders them as the unsigned values."""
     unit = torch.arange(units, device=nodes.device, dtype=torch.int64)
     hashed = pair_key_grid(key, nodes.to(torch.int64), unit)
