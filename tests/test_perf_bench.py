@@ -211,6 +211,19 @@ def test_the_document_holds_machine_command_goals_verdicts_and_bounds(tmp_path: 
     assert "source(s) gave no figures" in printed
 
 
+def test_a_new_report_keeps_the_recorded_gpu_check(tmp_path: Path) -> None:
+    """The GPU check runs on another machine (make gpu-check); the command that regenerates the
+    document carries its recorded section over, word for word, and adds none where there is none."""
+    path = tmp_path / "performance.md"
+    record = f"{perf.GPU_BEGIN}\n## The GPU check\n\n| check | cpu | cuda |\n{perf.GPU_END}"
+    path.write_text(f"# Performance\n\nold figures\n\n{record}\n")
+    text = perf.write_report(_report([]), path).read_text()
+    assert "old figures" not in text and text.count(record) == 1 and text.index("## Summary") < text.index(record)
+    assert perf.write_report(_report([]), path).read_text().count(record) == 1  # again: still once
+    bare = perf.write_report(_report([]), tmp_path / "new.md").read_text()
+    assert perf.GPU_BEGIN not in bare
+
+
 def _fake_module(monkeypatch: pytest.MonkeyPatch, **functions: object) -> str:
     module = types.ModuleType("vesper_fake_perf")
     for name, function in functions.items():

@@ -310,10 +310,23 @@ def _as_block(text: str) -> str:
     return text
 
 
+# the GPU check's record (make gpu-check on a lent GPU machine, issue #25 item 5): measured there,
+# not by this command, so a new report carries the section over from the document it replaces
+GPU_BEGIN, GPU_END = "<!-- gpu-check:begin (make gpu-check, recorded) -->", "<!-- gpu-check:end -->"
+
+
+def recorded_gpu_check(path: Path) -> str:
+    """The GPU check's section of the document at ``path`` (markers included), or ""."""
+    text = path.read_text() if path.exists() else ""
+    start, end = text.find(GPU_BEGIN), text.find(GPU_END)
+    return text[start:end + len(GPU_END)] if 0 <= start < end else ""
+
+
 def write_report(report: PerfReport, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
+    kept = recorded_gpu_check(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(markdown(report))
+    tmp.write_text(markdown(report) + (f"\n{kept}\n" if kept else ""))
     tmp.replace(path)
     return path
 
