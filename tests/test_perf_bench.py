@@ -393,3 +393,16 @@ def test_the_scale_options_reach_the_scale_source_and_bad_ones_are_refused(
     result = CliRunner().invoke(app, ["bench", "perf", "--only", "scale", "--scale-workers", "0", "--out", str(out)])
     assert result.exit_code != 0 and "at least 1" in result.output
     assert not out.exists()  # refused before anything ran
+
+
+def test_the_layer_profile_counts_per_step_and_names_both_layers() -> None:
+    """``python -m vesper.benchmarks.perf.layer_profile``: on the CPU no kernel is launched; the
+    summary line of each model comes first, then the profiler's table."""
+    from vesper.benchmarks.perf.layer_profile import layer_profile
+    from vesper.common.dataset_files import resolve_dataset
+
+    text = layer_profile(resolve_dataset("cora"), "cpu", 2)
+    summaries = [line for line in text.splitlines() if line.startswith("== ")]
+    assert [s.split(" on ")[0] for s in summaries] == ["== pmp-gcn", "== sparse GCN"]
+    assert all("per step 0 kernel launches" in s and "device 0.000 ms" in s for s in summaries)
+    assert "aten::" in text  # the operators, by self time
