@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vesper.party_a.sampler import pair_key_grid, pair_keys
+from vesper.party_a.sampler import pair_key_grid
 
 DropoutKey = tuple[int, int]
 
@@ -49,12 +49,6 @@ def keep_mask(key: DropoutKey, nodes: torch.Tensor, units: int, p: float) -> tor
     hashed = pair_key_grid(key, nodes.to(torch.int64), unit)
     threshold = int(p * float(1 << 32))
     return hashed.bitwise_xor_(-(1 << 31)) >= threshold - (1 << 31)
-
-
-def keep_mask_reference(key: DropoutKey, nodes: torch.Tensor, units: int, p: float) -> torch.Tensor:
-    """:func:`keep_mask` read straight off the definition (int64 ``pair_keys``), for the tests."""
-    unit = torch.arange(units, device=nodes.device, dtype=torch.int64)
-    return pair_keys(key, nodes.to(torch.int64)[:, None], unit[None, :]) >= int(p * float(1 << 32))
 
 
 class KeyedDropout(nn.Module):

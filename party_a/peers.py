@@ -220,4 +220,4 @@ class LabelPartyClient:
         except grpc.RpcError as exc:
             if edge_free_head_to:  # the run goes on, its edge-free head starting afresh at B
                 log.warning("session %s: party B did not hand its decoder to %s: %s", run_id, edge_free_head_to,
-                            exc.details() if hasattr(exc, "details") else exc)
+                            describe_rpc_error(exc))

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from vesper.common.config import DecoderConfig, LabelPrivacyConfig, OptimizerConfig
-from vesper.common.optim import build_optimizer
+from vesper.common.optim import build_optimizer, carry_state
 from vesper.common.wire import WireDType, node_mask
 from vesper.party_b.decoders import HEADS, FallbackDecoder, build_decoder
 from vesper.party_b.head_choice import BASE_HEAD, choose_head
@@ -192,10 +192,7 @@ class LabelSession:
                 f"of width {self.dim})"
             )
         head.load_state_dict(theirs)
-        for mine, source in zip(head.parameters(), stage.decoder.parameters(), strict=True):
-            state = stage.optimizer.state.get(source)
-            if state:
-                self.optimizer.state[mine] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+        carry_state(self.optimizer, stage.optimizer, zip(head.parameters(), stage.decoder.parameters(), strict=True))
         return True
 
     # -- checkpoints (docs/faults.md): B's half of a resumable run ----------------------------

@@ -230,7 +230,11 @@ def test_dropout_masks_depend_on_the_key_the_node_and_the_unit_only() -> None:
 def test_the_fast_dropout_mask_is_the_definition_s_bit_for_bit(p: float) -> None:
     """keep_mask (int32 grid mixer, sign-flipped comparison) equals hash(k, v, j) ≥ p · 2³² read
     off the definition, for keys with either top bit set and node ids up to 2³³."""
-    from vesper.party_a.keyed_dropout import keep_mask_reference
+    from vesper.party_a.sampler import pair_keys
+
+    def keep_mask_reference(key, nodes, units, p):  # the definition, in int64
+        unit = torch.arange(units, dtype=torch.int64)
+        return pair_keys(key, nodes.to(torch.int64)[:, None], unit[None, :]) >= int(p * float(1 << 32))
 
     nodes = torch.cat([torch.arange(3000), torch.tensor([2**31 - 1, 2**31, 2**33 + 7])])
     for key in [(1, 2), (2**32 - 1, 12345), (987654321, 4_000_000_000), (2**31, 2**31 - 1)]:

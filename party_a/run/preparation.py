@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from vesper.common.optim import build_optimizer
+from vesper.common.optim import build_optimizer, carry_state
 from vesper.party_a.extractors.base import RootPlan, Stage
 from vesper.party_a.run.context import RunContext
 from vesper.party_a.run.progress import ProgressEvent
@@ -72,10 +72,6 @@ def continue_optimiser(optimizer: torch.optim.Optimizer, stages: Iterable[torch.
     """The run's optimiser goes on from each continued stage's state (Adam's moments and step
     count) for the parameters they share, as if the stage's epochs had been the run's first:
     without it, the edge-free path's layers would restart Adam's bias correction at the run's first step."""
-    mine = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    shared = [p for group in optimizer.param_groups for p in group["params"]]
     for stage in stages:
-        for parameter, state in stage.state.items():
-            if id(parameter) in mine:
-                optimizer.state[parameter] = {
-                    key: value.clone() if isinstance(value, torch.Tensor) else value for key, value in state.items()
-                }
+        carry_state(optimizer, stage, ((p, p) for p in shared))

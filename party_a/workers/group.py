@@ -224,7 +224,7 @@ class WorkerGroup:
         (step_timeout_s + peer_retry_s + 60 s). Workers on other hosts are waited for that long."""
         deadline = time.monotonic() + self.timeout_s
         while (count := arrived(store)) < self.world - 1:
-            if any(process.poll() is not None for process in self.processes):
+            if self._a_worker_exited():
                 raise RuntimeError("a worker process exited before it joined")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{count} of {self.world - 1} workers joined within {self.timeout_s:g} s")
@@ -234,9 +234,13 @@ class WorkerGroup:
         """Every command starts with a look at the workers this rank started: one that has exited is
         reported now, not when a collective waiting for it gives up (the group's timeout)."""
         with self._lost(f"sending a {command.op} command"):
-            if any(process.poll() is not None for process in self.processes):
+            if self._a_worker_exited():
                 raise RuntimeError("a worker process has exited")
             dist.broadcast_object_list([command], src=0)
+
+    def _a_worker_exited(self) -> bool:
+        """Whether a worker process this rank started has exited."""
+        return any(process.poll() is not None for process in self.processes)
 
     @contextmanager
     def _lost(self, doing: str) -> Iterator[None]:
