@@ -28,12 +28,20 @@ class MlpEncoder(nn.Module):
         )
 
     def forward(
-        self, features: torch.Tensor, nodes: torch.Tensor | None = None, key: DropoutKey | None = None
+        self, features: torch.Tensor, nodes: torch.Tensor | None = None, key: DropoutKey | None = None,
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``features`` [len(nodes), F]: row i holds node ``nodes[i]``'s features."""
+        """``features`` [len(nodes), F]: row i holds node ``nodes[i]``'s features; ``keep``:
+        their dropout mask, computed ahead by :meth:`dropout_mask` (None: computed here)."""
         first, activation, dropout, last = self.net
-        hidden = dropout(activation(first(features)), nodes, key)
+        hidden = dropout(activation(first(features)), nodes, key, keep)
         return F.normalize(F.relu(last(hidden)), dim=-1)
+
+    def dropout_mask(self, nodes: torch.Tensor, key: DropoutKey | None) -> torch.Tensor | None:
+        """The hidden layer's keep mask for rows about ``nodes`` (KeyedDropout.mask): no
+        parameter and no feature, so it can be built before the parameters it meets are known."""
+        first, _, dropout, _ = self.net
+        return dropout.mask(nodes, key, first.out_features)
 
 
 class GivenEncoding(nn.Module):
@@ -41,6 +49,10 @@ class GivenEncoding(nn.Module):
     layer-0 inputs directly; the same call as :class:`MlpEncoder`."""
 
     def forward(
-        self, features: torch.Tensor, nodes: torch.Tensor | None = None, key: DropoutKey | None = None
+        self, features: torch.Tensor, nodes: torch.Tensor | None = None, key: DropoutKey | None = None,
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return features
+
+    def dropout_mask(self, nodes: torch.Tensor, key: DropoutKey | None) -> torch.Tensor | None:
+        return None

@@ -60,10 +60,18 @@ class KeyedDropout(nn.Module):
             raise ValueError(f"dropout probability must be in [0, 1), got {p}")
         self.p = p
 
-    def forward(self, x: torch.Tensor, nodes: torch.Tensor | None = None, key: DropoutKey | None = None) -> torch.Tensor:
-        """``x`` [len(nodes), units]: row i is about node ``nodes[i]``."""
+    def forward(
+        self, x: torch.Tensor, nodes: torch.Tensor | None = None, key: DropoutKey | None = None,
+        keep: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``x`` [len(nodes), units]: row i is about node ``nodes[i]``. ``keep``: the rows'
+        ``mask(nodes, key, units)``, computed ahead (party A's prefetch builds it while B computes)."""
         if not self.training or self.p == 0.0:
             return x
+        if keep is not None:
+            if keep.shape != x.shape:
+                raise ValueError(f"a dropout mask of shape {tuple(keep.shape)} for rows of shape {tuple(x.shape)}")
+            return x * keep.to(x.dtype) / (1.0 - self.p)
         if nodes is None or key is None:
             raise ValueError(
                 "party A's dropout in training mode needs the release's secret key and the rows' node ids "
@@ -73,6 +81,13 @@ class KeyedDropout(nn.Module):
             raise ValueError(f"{nodes.numel()} node ids for {x.shape[0]} rows")
         keep = keep_mask(key, nodes.to(x.device), x.shape[1], self.p)
         return x * keep.to(x.dtype) / (1.0 - self.p)
+
+    def mask(self, nodes: torch.Tensor, key: DropoutKey | None, units: int) -> torch.Tensor | None:
+        """The keep mask a call in training mode would apply to rows about ``nodes`` (None: it
+        applies none: evaluation mode, p = 0 or no key). It reads no parameter and no feature."""
+        if not self.training or self.p == 0.0 or key is None:
+            return None
+        return keep_mask(key, nodes, units, self.p)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"

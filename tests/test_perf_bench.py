@@ -211,17 +211,22 @@ def test_the_document_holds_machine_command_goals_verdicts_and_bounds(tmp_path: 
     assert "source(s) gave no figures" in printed
 
 
-def test_a_new_report_keeps_the_recorded_gpu_check(tmp_path: Path) -> None:
-    """The GPU check runs on another machine (make gpu-check); the command that regenerates the
-    document carries its recorded section over, word for word, and adds none where there is none."""
+def test_a_new_report_keeps_the_recorded_sections(tmp_path: Path) -> None:
+    """The GPU check runs on another machine (make gpu-check) and the 10M-node scale run for
+    hours; the command that regenerates the document carries their recorded sections over, word
+    for word, after its own figures, and adds none where there is none."""
     path = tmp_path / "performance.md"
-    record = f"{perf.GPU_BEGIN}\n## The GPU check\n\n| check | cpu | cuda |\n{perf.GPU_END}"
-    path.write_text(f"# Performance\n\nold figures\n\n{record}\n")
+    gpu = f"{perf.GPU_BEGIN}\n## The GPU check\n\n| check | cpu | cuda |\n{perf.GPU_END}"
+    scale = f"{perf.SCALE_10M_BEGIN}\n### scale sparse-10m\n\n| figure | W = 1 |\n{perf.SCALE_10M_END}"
+    path.write_text(f"# Performance\n\nold figures\n\n{gpu}\n\nmore old figures\n\n{scale}\n")
     text = perf.write_report(_report([]), path).read_text()
-    assert "old figures" not in text and text.count(record) == 1 and text.index("## Summary") < text.index(record)
-    assert perf.write_report(_report([]), path).read_text().count(record) == 1  # again: still once
+    assert "old figures" not in text
+    assert text.count(gpu) == 1 and text.count(scale) == 1
+    assert text.index("## Summary") < text.index(scale) < text.index(gpu)
+    again = perf.write_report(_report([]), path).read_text()
+    assert again.count(gpu) == 1 and again.count(scale) == 1  # again: still once each
     bare = perf.write_report(_report([]), tmp_path / "new.md").read_text()
-    assert perf.GPU_BEGIN not in bare
+    assert perf.GPU_BEGIN not in bare and perf.SCALE_10M_BEGIN not in bare
 
 
 def _fake_module(monkeypatch: pytest.MonkeyPatch, **functions: object) -> str:

@@ -119,7 +119,7 @@ def test_forward_reads_the_graph_only_through_the_noisy_aggregates(monkeypatch) 
     first = NeighbourSampler(graph, 4, 2, (7, 8)).sample(roots, seeds)
     second = NeighbourSampler(other, 4, 2, (7, 8)).sample(roots, seeds)
     fixed = model.noisy_aggregates(first, features, 1.0, NoiseSource(torch.Generator().manual_seed(0)))
-    monkeypatch.setattr(model, "noisy_aggregates", lambda *args: fixed)
+    monkeypatch.setattr(model, "noisy_aggregates", lambda *args, **kwargs: fixed)
     model.eval()
     assert torch.equal(model(first, features, 1.0, None), model(second, features, 1.0, None))
 
@@ -146,6 +146,68 @@ def test_mlp_extractor_reads_no_edges() -> None:
     sampled = NeighbourSampler(graph, 4, 2, (7, 8)).sample(roots, [(1, 2), (3, 4)])
     assert torch.equal(model(sampled, features, 0.0, None), model(edgeless_subgraph(roots, 2), features, 0.0, None))
     assert model.noisy_aggregates(sampled, features, 3.0, None) == [None, None]
+
+
+def _encoded_rows(model: PmpExtractor) -> list[int]:
+    """Records the rows of every encoder call on ``model``."""
+    rows: list[int] = []
+    model.encoder.register_forward_hook(lambda module, args, out: rows.append(out.shape[0]))
+    return rows
+
+
+@pytest.mark.parametrize("name", ["pmp-gin", "pmp-gcn", "mlp"])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_a_release_encodes_each_input_node_once(name: str, layers: int) -> None:
+    """The roots' h^(0) serves both their chain and the mechanism's pass; the MLP, which
+    releases no aggregate, runs no pass at all. The release equals the one that encodes the
+    roots twice (the form before), with the same dropout masks, to float rounding (without
+    spectral normalisation: each read of a normalised weight runs a power step)."""
+    graph = random_graph(random.Random(11), 60, 0.1)
+    config = ExtractorConfig(name=name, layers=layers, fanout=4, dim=8, encoder_hidden=16, dropout=0.5, spectral_norm=False)
+    torch.manual_seed(0)
+    model = PmpExtractor(config, in_features=6, capped_degree=_capped(graph, 4)).train()
+    features = torch.rand(60, 6)
+    roots = torch.tensor([3, 7, 9, 30, 41])
+    sampler = NeighbourSampler(graph, 4, layers, (7, 8))
+    subgraph = sampler.sample(roots, sampler.layer_seeds(torch.Generator().manual_seed(1)))
+    if name == "mlp":
+        subgraph = edgeless_subgraph(roots, layers)
+    rows = _encoded_rows(model)
+    released = model(subgraph, features, 0.5, NoiseSource(torch.Generator().manual_seed(2)), dropout_key=(5, 6))
+    assert sum(rows) == (roots.numel() if name == "mlp" else subgraph.input_nodes.numel())
+    # the form before: the pass encodes every input node, the chain the roots again
+    noisy = model.noisy_aggregates(
+        subgraph, features, 0.5, NoiseSource(torch.Generator().manual_seed(2)), weights=model.step_weights(),
+        dropout_key=(5, 6),
+    )
+    h = model.encoder(features[roots], roots, (5, 6))
+    chain = []
+    for layer, aggregate in zip(model.layers, noisy):
+        h = layer(h, aggregate)
+        chain.append(h)
+    assert torch.allclose(released, torch.stack(chain, dim=-1), atol=1e-6)
+
+
+def test_release_inputs_built_ahead_are_those_built_in_the_release() -> None:
+    """The features and dropout masks the prefetch builds give the release it would compute
+    itself; a mask of the wrong shape is refused."""
+    graph = random_graph(random.Random(12), 60, 0.1)
+    config = ExtractorConfig(name="pmp-gcn", layers=2, fanout=4, dim=8, encoder_hidden=16, dropout=0.5, spectral_norm=False)
+    torch.manual_seed(0)
+    model = PmpExtractor(config, in_features=6, capped_degree=_capped(graph, 4)).train()
+    features = torch.rand(60, 6)
+    roots = torch.tensor([3, 7, 9, 30])
+    sampler = NeighbourSampler(graph, 4, 2, (7, 8))
+    subgraph = sampler.sample(roots, sampler.layer_seeds(torch.Generator().manual_seed(1)))
+    inputs = model.release_inputs(subgraph, features, (5, 6))
+    assert inputs.keep is not None and inputs.keep.shape == (subgraph.input_nodes.numel(), 16)
+    assert torch.equal(inputs.features, features[subgraph.input_nodes])
+    ahead = model(subgraph, features, 0.5, NoiseSource(torch.Generator().manual_seed(2)), dropout_key=(5, 6), inputs=inputs)
+    inline = model(subgraph, features, 0.5, NoiseSource(torch.Generator().manual_seed(2)), dropout_key=(5, 6))
+    assert torch.equal(ahead, inline)
+    assert model.eval().release_inputs(subgraph, features, (5, 6)).keep is None  # evaluation: no dropout
+    with pytest.raises(ValueError, match="dropout mask of shape"):
+        model.train().encoder(features[:3], torch.arange(3), (5, 6), inputs.keep[:2])
 
 
 def test_pmp_extractor_needs_degrees() -> None:

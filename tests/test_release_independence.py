@@ -169,7 +169,10 @@ class PublicStreamDropout(nn.Module):
         self.p = p
         self.generator = torch.Generator().manual_seed(seed)
 
-    def forward(self, x: torch.Tensor, nodes: torch.Tensor | None = None, key=None) -> torch.Tensor:
+    def mask(self, nodes: torch.Tensor, key, units: int) -> None:
+        return None  # nothing ahead: each call draws from the stream, in the order the pass reaches its rows
+
+    def forward(self, x: torch.Tensor, nodes: torch.Tensor | None = None, key=None, keep=None) -> torch.Tensor:
         if not self.training:
             return x
         keep = torch.rand(x.shape, generator=self.generator) >= self.p

@@ -310,23 +310,33 @@ def _as_block(text: str) -> str:
     return text
 
 
-# the GPU check's record (make gpu-check on a lent GPU machine, issue #25 item 5): measured there,
-# not by this command, so a new report carries the section over from the document it replaces
+# Records measured elsewhere than by this command's run, each between its markers: the GPU check
+# (make gpu-check on a lent GPU machine, issue #25 item 5) and the 10M-node scale run (hours, on
+# a machine of its own). A new report carries each recorded section over, word for word, from
+# the document it replaces, after its own figures.
 GPU_BEGIN, GPU_END = "<!-- gpu-check:begin (make gpu-check, recorded) -->", "<!-- gpu-check:end -->"
+SCALE_10M_BEGIN = "<!-- scale-10m:begin (vesper bench perf --only scale --scale-profile sparse-10m, recorded) -->"
+SCALE_10M_END = "<!-- scale-10m:end -->"
+RECORDED_SECTIONS = ((SCALE_10M_BEGIN, SCALE_10M_END), (GPU_BEGIN, GPU_END))
 
 
-def recorded_gpu_check(path: Path) -> str:
-    """The GPU check's section of the document at ``path`` (markers included), or ""."""
+def recorded_sections(path: Path) -> list[str]:
+    """The recorded sections of the document at ``path`` (markers included), in
+    ``RECORDED_SECTIONS``' order; none where the document or a section is absent."""
     text = path.read_text() if path.exists() else ""
-    start, end = text.find(GPU_BEGIN), text.find(GPU_END)
-    return text[start:end + len(GPU_END)] if 0 <= start < end else ""
+    kept = []
+    for begin, end in RECORDED_SECTIONS:
+        start, stop = text.find(begin), text.find(end)
+        if 0 <= start < stop:
+            kept.append(text[start:stop + len(end)])
+    return kept
 
 
 def write_report(report: PerfReport, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    kept = recorded_gpu_check(path)
+    kept = "".join(f"\n{section}\n" for section in recorded_sections(path))
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(markdown(report) + (f"\n{kept}\n" if kept else ""))
+    tmp.write_text(markdown(report) + kept)
     tmp.replace(path)
     return path
 

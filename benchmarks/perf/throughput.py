@@ -447,7 +447,7 @@ def phase_table(measurements: Measurements) -> str:
         ("A: encode the release for the wire", "encode", None),
         ("A: journal (digest appended to releases.jsonl, fsync)", "journal", None),
         ("A: hand the step to gRPC", "send", None),
-        ("A: sample the next step while B computes (pipelining)", "prefetch", None),
+        ("A: sample the next step, gather its features and dropout masks while B computes (pipelining)", "prefetch", None),
         ("A: wait for B's answer (one process: B's math)", "wait", "label party"),
         ("A: back-propagate B's gradient, optimiser step", "update", "update"),
         ("A: progress report, checkpoints", "other", None),

@@ -121,6 +121,21 @@ class LayerWeights:
     agg_weight: torch.Tensor | None
 
 
+@dataclass(frozen=True)
+class ReleaseInputs:
+    """What one release reads that depends on no parameter: the features of its subgraph's
+    input nodes (the roots first: every block's destinations are its first sources) and their
+    encoder dropout mask (None: the encoder applies none). Party A's prefetch builds them while
+    B computes (pmp_plugin.prefetch); they are the same whenever they are built."""
+
+    features: torch.Tensor  # [len(input_nodes), F]
+    keep: torch.Tensor | None  # [len(input_nodes), hidden]
+
+    def rows(self, start: int, stop: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Rows ``start:stop`` of both."""
+        return self.features[start:stop], None if self.keep is None else self.keep[start:stop]
+
+
 class PmpLayer(nn.Module):
     """h_v^(l) = normalize(relu(W_self h_v^(l-1) + W_agg ǎ_v)); W_agg absent for MLP."""
 
@@ -225,6 +240,17 @@ class PmpExtractor(nn.Module):
             return aggregate
         return noise.gaussian(aggregate, noise_std, rows=block.dst_nodes, key=noise_key, layer=layer)
 
+    def release_inputs(
+        self, subgraph: SampledSubgraph, features: torch.Tensor, dropout_key: DropoutKey | None,
+    ) -> ReleaseInputs:
+        """The release's :class:`ReleaseInputs`: its input nodes' features and dropout mask."""
+        inputs = subgraph.input_nodes
+        roots = subgraph.roots.numel()
+        if not torch.equal(inputs[:roots], subgraph.roots.to(inputs.device)):
+            raise ValueError("the subgraph's input nodes do not start with its roots")
+        rows = features.index_select(0, inputs.to(features.device))
+        return ReleaseInputs(rows, self.encoder.dropout_mask(inputs.to(features.device), dropout_key))
+
     @torch.no_grad()
     def noisy_aggregates(
         self,
@@ -237,6 +263,8 @@ class PmpExtractor(nn.Module):
         messages: list[BlockMessages] | None = None,
         dropout_key: DropoutKey | None = None,
         noise_key: NoiseKey | None = None,
+        inputs: ReleaseInputs | None = None,
+        encoded_roots: torch.Tensor | None = None,
     ) -> list[torch.Tensor | None]:
         """The mechanism: every read of the graph, each noised [VESPER, Alg. 1, steps 5-9].
 
@@ -249,20 +277,29 @@ class PmpExtractor(nn.Module):
         pass reaches it; ``noise_key``: the release's secret noise key (party_a.noise), drawn
         here when not given and ``noise`` is keyed (party A's workers), so each node's noise is
         its own in every layer; otherwise the noise is streamed from ``noise``'s generator.
+        ``inputs``: :meth:`release_inputs`, built ahead; ``encoded_roots``: the roots' h^(0),
+        already computed (the encoder reads no edge: the pass then encodes only the others).
+        The MLP reads no edge and releases no aggregate: it runs no pass.
         """
-        if noise_key is None and noise is not None and noise.keyed and noise_std > 0 and self.aggregates:
+        if not self.aggregates:
+            return [None] * len(self.layers)
+        if noise_key is None and noise is not None and noise.keyed and noise_std > 0:
             noise_key = noise.draw_key()
         num_roots = subgraph.roots.numel()
-        inputs = subgraph.input_nodes
-        h = self.encoder(features.index_select(0, inputs.to(features.device)), inputs, dropout_key)
+        if inputs is None:
+            inputs = self.release_inputs(subgraph, features, dropout_key)
+        nodes = subgraph.input_nodes.to(features.device)
+        if encoded_roots is None:
+            h = self.encoder(inputs.features, nodes, dropout_key, inputs.keep)
+        else:
+            others, keep = inputs.rows(num_roots)
+            h = torch.cat([encoded_roots.detach(), self.encoder(others, nodes[num_roots:], dropout_key, keep)])
         noisy_roots: list[torch.Tensor | None] = []
         last = len(subgraph.blocks) - 1
         for index, (layer, block) in enumerate(zip(self.layers, subgraph.blocks)):
-            noisy = None
-            if self.aggregates:
-                noisy = self.aggregate(block, h, capped_degree, None if messages is None else messages[index])
-                noisy = self.perturb(noisy, block, noise_std, noise, noise_key, index)
-            noisy_roots.append(None if noisy is None else noisy[:num_roots])
+            noisy = self.aggregate(block, h, capped_degree, None if messages is None else messages[index])
+            noisy = self.perturb(noisy, block, noise_std, noise, noise_key, index)
+            noisy_roots.append(noisy[:num_roots])
             if index < last:  # h^(L) of the pass is never read: the roots' chain recomputes it
                 h = layer(h[: block.dst_count], noisy, None if weights is None else weights[index])
         return noisy_roots
@@ -276,20 +313,27 @@ class PmpExtractor(nn.Module):
         capped_degree: torch.Tensor | None = None,
         messages: list[BlockMessages] | None = None,
         dropout_key: DropoutKey | None = None,
+        inputs: ReleaseInputs | None = None,
     ) -> torch.Tensor:
         """B x d x L embeddings of the roots: post-processing of the noisy aggregates.
 
-        Each root's own chain h_r^(0) -> h_r^(1) -> ... -> h_r^(L) is recomputed with
-        gradient from its features and its noisy aggregates, so A's update [VESPER, eq. 39]
-        flows into the encoder and both weights of every layer, never into the graph. The
-        root's dropout mask is the one the mechanism's pass used for it (the same key).
+        Each root's own chain h_r^(0) -> h_r^(1) -> ... -> h_r^(L) is computed with gradient
+        from its features and its noisy aggregates, so A's update [VESPER, eq. 39] flows into
+        the encoder and both weights of every layer, never into the graph. The roots' h^(0) is
+        encoded once, for both the chain and the mechanism's pass (which reads it detached),
+        with the dropout mask of the release's key. ``inputs``: :meth:`release_inputs`, built
+        ahead (computed here when not given).
         """
         weights = self.step_weights()  # with gradient, once for both passes
-        noisy = self.noisy_aggregates(
-            subgraph, features, noise_std, noise, capped_degree, weights, messages, dropout_key
-        )
+        if inputs is None:
+            inputs = self.release_inputs(subgraph, features, dropout_key)
         roots = subgraph.roots
-        h = self.encoder(features.index_select(0, roots.to(features.device)), roots, dropout_key)
+        own, keep = inputs.rows(0, roots.numel())
+        h = self.encoder(own, roots.to(features.device), dropout_key, keep)
+        noisy = self.noisy_aggregates(
+            subgraph, features, noise_std, noise, capped_degree, weights, messages, dropout_key,
+            inputs=inputs, encoded_roots=h,
+        )
         per_layer = []
         for layer, aggregate, w in zip(self.layers, noisy, weights):
             h = layer(h, aggregate, w)

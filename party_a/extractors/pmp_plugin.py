@@ -26,7 +26,7 @@ from vesper.party_a.extractors.base import (
     ReleaseKind,
     RootPlan,
 )
-from vesper.party_a.extractors.pmp import BlockMessages, PmpExtractor
+from vesper.party_a.extractors.pmp import BlockMessages, PmpExtractor, ReleaseInputs
 from vesper.party_a.extractors.sensitivity import charge_rule
 from vesper.party_a.graph_store import Graph
 from vesper.party_a.keyed_dropout import DropoutKey
@@ -38,13 +38,15 @@ _GRAPH = ("fanout", "degree_bound")
 
 @dataclass(frozen=True)
 class _Sample:
-    """What one release reads of the graph: its blocks, the capped degrees of the graph
-    they were sampled from (None: A's graph) and their messages (pmp.BlockMessages)."""
+    """What one release reads before its parameters: its blocks, the capped degrees of the
+    graph they were sampled from (None: A's graph), their messages (pmp.BlockMessages), and
+    its input nodes' features and dropout mask (pmp.ReleaseInputs)."""
 
     subgraph: SampledSubgraph
     capped_degree: torch.Tensor | None
     messages: list[BlockMessages] | None
     dropout_key: DropoutKey  # the release's secret dropout key (party_a.keyed_dropout)
+    inputs: ReleaseInputs
 
 
 class PmpPlugin(ExtractorBase):
@@ -137,13 +139,14 @@ class PmpPlugin(ExtractorBase):
         sample = self._take_prefetched(roots) or self._sample(roots)
         return self.model(
             sample.subgraph, self.setup.features, self.noise_std, self.setup.noise, sample.capped_degree,
-            sample.messages, sample.dropout_key,
+            sample.messages, sample.dropout_key, sample.inputs,
         )
 
     def _sample(self, roots: torch.Tensor) -> _Sample:
         """The release's reads of the graph: all its draws from A's secret sampling generator
-        (its dropout key first, then its edge sample and layer seeds), and the sampled blocks'
-        messages ready for the aggregation (graph structure only)."""
+        (its dropout key first, then its edge sample and layer seeds), the sampled blocks'
+        messages ready for the aggregation (graph structure only), and the input nodes'
+        features and dropout mask (no parameter)."""
         layers = self.setup.config.extractor.layers
         key = self.dropout_key()
         sampler, capped_degree = self.sampler, None
@@ -156,9 +159,13 @@ class PmpPlugin(ExtractorBase):
             sampler = sampler.restricted(keep, graph) if self.fanout else NeighbourSampler(graph, 0, layers)
             capped_degree = self.capped_degree(graph)
         if sampler is None:
-            return _Sample(edgeless_subgraph(roots, layers), None, None, key)
+            subgraph = edgeless_subgraph(roots, layers)
+            return _Sample(subgraph, None, None, key, self.model.release_inputs(subgraph, self.setup.features, key))
         subgraph = sampler.sample(roots, sampler.layer_seeds(self.setup.sampling_generator))
-        return _Sample(subgraph, capped_degree, self.model.messages(subgraph, capped_degree), key)
+        return _Sample(
+            subgraph, capped_degree, self.model.messages(subgraph, capped_degree), key,
+            self.model.release_inputs(subgraph, self.setup.features, key),
+        )
 
     def _edges_read_by(self, sampler: NeighbourSampler) -> EdgeSubsampler:
         """The edge sample's coins over the slots the sampler reads (its keyed order; A's CSR for fanout 0)."""
@@ -172,8 +179,9 @@ class PmpPlugin(ExtractorBase):
         """Sample now what the next ``release(roots, ...)`` would sample, so that the trainer
         samples step t+1 while B computes step t. Exact: the sample depends only on the roots
         and A's sampling generator, which is consumed in the same order as without prefetching
-        (the next release must be of exactly these roots, else RuntimeError). Noise is still
-        drawn in ``release``, in step order."""
+        (the next release must be of exactly these roots, else RuntimeError). The input
+        nodes' features and dropout masks read no parameter either, so they are built here too;
+        noise is still drawn in ``release``, in step order."""
         if self._prefetched is not None:
             raise RuntimeError("a prefetched sample is still unused: prefetching again would reorder the sampling")
         roots = roots.to(self.setup.device)

@@ -1,8 +1,9 @@
 """The training step loop: per step, the extractor releases the batch's B x d x L', A charges
 it, sends it to B, receives dLoss/dH and updates what the extractor trains [VESPER, Alg. 3].
 
-Pipelining (``party_a.pipeline``): while B computes step t, A samples step t+1's subgraph
-(sampling reads no parameter, so the releases are the same), and once B has answered, step
+Pipelining (``party_a.pipeline``): while B computes step t, A samples step t+1's subgraph and
+gathers what else of it reads no parameter (its input nodes' features and dropout masks), so the
+releases are the same; once B has answered, step
 t+1's charge is committed while A applies step t's gradient (``WriteAheadCharger.charge_ahead``).
 """
 

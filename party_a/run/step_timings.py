@@ -19,7 +19,7 @@ class StepTimings:
     encode    the release as a wire tensor
     journal   its digest appended to releases.jsonl and synced
     send      handing the step to gRPC's thread
-    prefetch  sampling the next step while B computes (pipelining)
+    prefetch  sampling the next step, gathering its features and dropout masks, while B computes (pipelining)
     wait      until B's answer arrived (B's decode, loss, update, encode; transport both ways)
     update    the gradient checked, back-propagated, the optimiser stepped
     other     checkpoint, progress report
