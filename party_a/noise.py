@@ -98,9 +98,15 @@ class NoiseSource:
         """A fresh release's noise key (:func:`draw_noise_key`) from A's secret noise generator."""
         return draw_noise_key(self.generator)
 
+    def standard_normal(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """N(0, 1) values drawn now from A's secret generator, for a :meth:`gaussian` call to come
+        (``drawn=``): a release's streamed noise drawn ahead, in the order its calls would draw
+        it (party A's prefetch draws step t+1's while B computes step t)."""
+        return torch.randn(shape, generator=self.generator, device=self.generator.device, dtype=dtype)
+
     def gaussian(
         self, values: torch.Tensor, std: float, *, rows: torch.Tensor | None = None,
-        key: NoiseKey | None = None, layer: int = 0,
+        key: NoiseKey | None = None, layer: int = 0, drawn: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """ǎ = a + N(0, std² I): the Gaussian mechanism's perturb step. std = 0 returns ``values``.
 
@@ -109,13 +115,21 @@ class NoiseSource:
         row of ``values`` (None: not about nodes row by row). ``key``: the release's noise key
         (:meth:`draw_key`): the noise of row i is then keyed by (key, ``layer``, rows[i]) and
         nothing is drawn from the generator (:func:`keyed_normal`); it needs ``rows``, distinct
-        within the call.
+        within the call. ``drawn``: this call's N(0, 1) values, drawn ahead by :meth:`standard_normal`
+        (streamed noise only), consumed here.
         """
         if std < 0:
             raise ValueError(f"a noise standard deviation must be >= 0, got {std}")
         if std == 0:
             return values
-        if key is not None:
+        if drawn is not None:
+            if key is not None or drawn.shape != values.shape:
+                raise ValueError(
+                    f"noise drawn ahead of shape {tuple(drawn.shape)} for values of shape {tuple(values.shape)}"
+                    + (" with a noise key (keyed noise is never drawn ahead)" if key is not None else "")
+                )
+            noise = drawn.to(device=values.device, dtype=values.dtype)
+        elif key is not None:
             if rows is None or rows.shape != values.shape[:1]:
                 raise ValueError(
                     "keyed noise needs the node id of every row of the values (rows=, one per row): "

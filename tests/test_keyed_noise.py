@@ -92,8 +92,8 @@ def test_pmp_gives_a_node_the_same_noisy_aggregate_whichever_roots_reach_it() ->
         sub = sampler.sample(part, seeds)
         noisy = {}
 
-        def keep(aggregate, block, std, noise, key, layer):  # record layer 0's noisy aggregates by node
-            out = PmpExtractor.perturb(model, aggregate, block, std, noise, key, layer)
+        def keep(aggregate, block, std, noise, key, layer, drawn):  # record layer 0's noisy aggregates by node
+            out = PmpExtractor.perturb(model, aggregate, block, std, noise, key, layer, drawn)
             if layer == 0:
                 noisy.update({int(v): out[i].clone() for i, v in enumerate(block.dst_nodes.tolist())})
             return out
@@ -127,3 +127,17 @@ def test_the_grid_hash_is_the_sampler_s_keyed_hash() -> None:
     angle = 2 * torch.pi * pair_keys((9, 10), rows[:, None], (slot + 1)[None, :]).double() / 2**32
     expected = torch.stack((radius * torch.cos(angle), radius * torch.sin(angle)), dim=-1).reshape(3, width)
     assert torch.allclose(normal, expected, atol=1e-5)
+
+
+def test_streamed_noise_drawn_ahead_is_the_noise_drawn_in_the_call() -> None:
+    """standard_normal then gaussian(drawn=) adds what gaussian would draw itself, from the same
+    point of the stream; a draw of the wrong shape, or beside a key, is refused."""
+    values = torch.rand(5, 4)
+    ahead = NoiseSource(torch.Generator().manual_seed(7))
+    drawn = ahead.standard_normal((5, 4), torch.float32)
+    inline = NoiseSource(torch.Generator().manual_seed(7)).gaussian(values.clone(), 1.5)
+    assert torch.equal(ahead.gaussian(values.clone(), 1.5, drawn=drawn), inline)
+    with pytest.raises(ValueError, match="drawn ahead of shape"):
+        ahead.gaussian(values.clone(), 1.5, drawn=torch.zeros(4, 4))
+    with pytest.raises(ValueError, match="keyed noise is never drawn ahead"):
+        ahead.gaussian(values.clone(), 1.5, rows=torch.arange(5), key=(1, 2), drawn=torch.zeros(5, 4))

@@ -189,8 +189,8 @@ def test_a_release_encodes_each_input_node_once(name: str, layers: int) -> None:
 
 
 def test_release_inputs_built_ahead_are_those_built_in_the_release() -> None:
-    """The features and dropout masks the prefetch builds give the release it would compute
-    itself; a mask of the wrong shape is refused."""
+    """The features, dropout masks and noise draws the prefetch builds give the release it would
+    compute itself; a mask of the wrong shape is refused."""
     graph = random_graph(random.Random(12), 60, 0.1)
     config = ExtractorConfig(name="pmp-gcn", layers=2, fanout=4, dim=8, encoder_hidden=16, dropout=0.5, spectral_norm=False)
     torch.manual_seed(0)
@@ -199,12 +199,17 @@ def test_release_inputs_built_ahead_are_those_built_in_the_release() -> None:
     roots = torch.tensor([3, 7, 9, 30])
     sampler = NeighbourSampler(graph, 4, 2, (7, 8))
     subgraph = sampler.sample(roots, sampler.layer_seeds(torch.Generator().manual_seed(1)))
-    inputs = model.release_inputs(subgraph, features, (5, 6))
+    inputs = model.release_inputs(subgraph, features, (5, 6), 0.5, NoiseSource(torch.Generator().manual_seed(2)))
     assert inputs.keep is not None and inputs.keep.shape == (subgraph.input_nodes.numel(), 16)
     assert torch.equal(inputs.features, features[subgraph.input_nodes])
-    ahead = model(subgraph, features, 0.5, NoiseSource(torch.Generator().manual_seed(2)), dropout_key=(5, 6), inputs=inputs)
+    assert inputs.noise is not None and [n.shape for n in inputs.noise] == [(b.dst_count, 8) for b in subgraph.blocks]
+    # the noise drawn ahead is the noise the release draws itself: the source handed to it is not read
+    ahead = model(subgraph, features, 0.5, NoiseSource(torch.Generator().manual_seed(99)), dropout_key=(5, 6), inputs=inputs)
     inline = model(subgraph, features, 0.5, NoiseSource(torch.Generator().manual_seed(2)), dropout_key=(5, 6))
     assert torch.equal(ahead, inline)
+    keyed = NoiseSource(torch.Generator().manual_seed(2), keyed=True)
+    assert model.release_inputs(subgraph, features, (5, 6), 0.5, keyed).noise is None  # keyed noise: never ahead
+    assert model.release_inputs(subgraph, features, (5, 6), 0.0, NoiseSource(torch.Generator())).noise is None
     assert model.eval().release_inputs(subgraph, features, (5, 6)).keep is None  # evaluation: no dropout
     with pytest.raises(ValueError, match="dropout mask of shape"):
         model.train().encoder(features[:3], torch.arange(3), (5, 6), inputs.keep[:2])

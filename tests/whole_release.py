@@ -123,8 +123,9 @@ class RecordingNoise(NoiseSource):
 
     def gaussian(
         self, values: torch.Tensor, std: float, *, rows: torch.Tensor | None = None, key=None, layer: int = 0,
+        drawn: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        keyed = partial(super().gaussian, key=key, layer=layer)
+        keyed = partial(super().gaussian, key=key, layer=layer, drawn=drawn)
         return self._perturb("gaussian", values, std, rows, keyed)
 
     def gumbel(self, values: torch.Tensor, scale: float, *, rows: torch.Tensor | None = None) -> torch.Tensor:

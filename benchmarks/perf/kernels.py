@@ -44,7 +44,7 @@ import torch
 from vesper.benchmarks.perf.figures import PerfFigure
 from vesper.common.config import ExtractorConfig
 from vesper.party_a.encoder import GivenEncoding
-from vesper.party_a.extractors.pmp import BlockMessages, PmpExtractor
+from vesper.party_a.extractors.pmp import BlockMessages, PmpExtractor, ReleaseInputs
 from vesper.party_a.graph_store import Graph
 from vesper.party_a.noise import NoiseSource
 from vesper.party_a.sampler import Block, KeyedOrder, NeighbourSampler, SampledSubgraph
@@ -379,6 +379,14 @@ def _pmp_model(
     return model
 
 
+@dataclass(frozen=True)
+class Ahead:
+    """A release's parts built by party A's prefetch: its blocks' messages and its inputs."""
+
+    messages: list[BlockMessages] | None
+    inputs: ReleaseInputs
+
+
 @dataclass
 class LayerBench:
     """One PMP variant and the reference on the same subgraphs, steps alternating."""
@@ -397,16 +405,22 @@ class LayerBench:
         h = torch.rand(rows, self.dim, generator=self.inputs, device=self.device)
         return torch.nn.functional.normalize(h, dim=-1).requires_grad_()
 
+    def ahead(self, model: PmpExtractor, item: LocalSubgraph, h0: torch.Tensor, noise_std: float) -> Ahead:
+        """What party A's prefetch builds for a release while B computes (the blocks' messages;
+        the input rows and the streamed noise draws), as the reference's Â is built outside its timer."""
+        return Ahead(
+            model.messages(item.subgraph, item.capped_degree),
+            model.release_inputs(item.subgraph, h0, None, noise_std, self.noise),
+        )
+
     def pmp_step(
         self, model: PmpExtractor, item: LocalSubgraph, h0: torch.Tensor, noise_std: float,
-        messages: list[BlockMessages] | None = None,
+        built: Ahead | None = None,
     ) -> None:
-        # each subgraph's degrees go in as the override that a subsampled release uses;
-        # ``messages``: the blocks' messages, built by party A's prefetch as the reference's Â
-        # is built outside its timer
-        if messages is None:
-            messages = model.messages(item.subgraph, item.capped_degree)
-        out = model(item.subgraph, h0, noise_std, self.noise, item.capped_degree, messages)
+        # each subgraph's degrees go in as the override that a subsampled release uses
+        if built is None:
+            built = self.ahead(model, item, h0, noise_std)
+        out = model(item.subgraph, h0, noise_std, self.noise, item.capped_degree, built.messages, inputs=built.inputs)
         out.backward(torch.ones_like(out))
 
     def gcn_step(self, reference: SparseGcn, item: LocalSubgraph, h0: torch.Tensor) -> None:
@@ -432,9 +446,9 @@ class LayerBench:
         for rep in range(repeats):
             for index, item in enumerate(self.local):
                 h_pmp, h_gcn = self.leaf(item), self.leaf(item)
-                messages = model.messages(item.subgraph, item.capped_degree)
+                built = self.ahead(model, item, h_pmp, noise_std)
                 runs = [
-                    (pmp_seconds, lambda: self.pmp_step(model, item, h_pmp, noise_std, messages)),  # noqa: B023 (run in this iteration)
+                    (pmp_seconds, lambda: self.pmp_step(model, item, h_pmp, noise_std, built)),  # noqa: B023 (run in this iteration)
                     (gcn_seconds, lambda: self.gcn_step(reference, item, h_gcn)),  # noqa: B023
                 ]
                 if (rep + index) % 2:
@@ -443,21 +457,29 @@ class LayerBench:
                     store.append(self.timed(work))
         return statistics.median(pmp_seconds), statistics.median(gcn_seconds), len(pmp_seconds)
 
+    def ahead_median(self, model: PmpExtractor, noise_std: float) -> float:
+        """Building a release's parts ahead (:meth:`ahead`), median seconds per subgraph."""
+        return statistics.median(
+            self.timed(lambda: self.ahead(model, item, self.leaf(item), noise_std)) for item in self.local  # noqa: B023
+        )
+
     def mechanism_median(self, model: PmpExtractor, noise_std: float) -> float:
         """The no-gradient pass alone (aggregate, noise, layer over every frontier node)."""
         seconds = []
         for item in self.local:
-            h0, messages = self.leaf(item), model.messages(item.subgraph, item.capped_degree)
+            h0 = self.leaf(item)
+            built = self.ahead(model, item, h0, noise_std)
             seconds.append(self.timed(lambda: model.noisy_aggregates(
-                item.subgraph, h0, noise_std, self.noise, item.capped_degree, model.step_weights(), messages)))  # noqa: B023 (run in this iteration)
+                item.subgraph, h0, noise_std, self.noise, item.capped_degree, model.step_weights(), built.messages,  # noqa: B023
+                inputs=built.inputs)))  # noqa: B023 (run in this iteration)
         return statistics.median(seconds)
 
     def profile(self, model: PmpExtractor, noise_std: float) -> str:
         leaves = [self.leaf(item) for item in self.local]
-        messages = [model.messages(item.subgraph, item.capped_degree) for item in self.local]
+        ahead = [self.ahead(model, item, h0, noise_std) for item, h0 in zip(self.local, leaves)]
 
         def steps() -> None:
-            for item, h0, built in zip(self.local, leaves, messages):
+            for item, h0, built in zip(self.local, leaves, ahead):
                 self.pmp_step(model, item, h0, noise_std, built)
 
         return _profile_top(steps)
@@ -537,7 +559,7 @@ def _layer_figure(
             f"noise {no_noise / gcn_b:.2f}x; the no-gradient pass alone (aggregate, noise and layer at every "
             f"frontier node, which PMP needs before the roots' chain with gradient) {mechanism * 1e3:.2f} ms of "
             f"the {pmp * 1e3:.2f} ms. The aggregation is one torch.sparse.mm per layer, as in the reference; the "
-            f"rest is the method: a Gaussian draw per frontier node and layer, two weights per layer (W_self and "
+            f"rest is the method: Gaussian noise added at every frontier node and layer, two weights per layer (W_self and "
             f"W_agg), spectral normalisation of each (one power step per step for all {2 * layers}, batched), the "
             f"first layers run twice (without gradient over the frontier, with gradient over the roots), and the "
             f"normalisation of every layer's output. "
@@ -555,8 +577,10 @@ def _layer_figure(
             f"{len(bench.local)} Tolokers subgraphs x {repeats} passes, alternating); L = {len(blocks)}, "
             f"d = {bench.dim}, noise θ = {noise_std:g}, default extractor config (spectral norm on), h^(0) given "
             f"(the encoder, the same in both, is not timed); blocks of the first subgraph (dst x src): {shape}; "
-            f"the reference's Â and PMP's block messages (CSR and β_uv: party A builds them in the prefetch, "
-            f"while B computes) built outside the timers; {threads} torch thread(s), {bench.device.type}"
+            f"the reference's Â and what party A's prefetch builds for PMP while B computes (the blocks' messages, "
+            f"CSR and β_uv; the input rows; the noise's N(0, 1) draws) built outside the timers (building PMP's: "
+            f"{bench.ahead_median(model, noise_std) * 1e3:.2f} ms per step); {threads} torch thread(s), "
+            f"{bench.device.type}"
         ),
         bound=bound, command=command,
     )

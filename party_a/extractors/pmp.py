@@ -124,12 +124,14 @@ class LayerWeights:
 @dataclass(frozen=True)
 class ReleaseInputs:
     """What one release reads that depends on no parameter: the features of its subgraph's
-    input nodes (the roots first: every block's destinations are its first sources) and their
-    encoder dropout mask (None: the encoder applies none). Party A's prefetch builds them while
-    B computes (pmp_plugin.prefetch); they are the same whenever they are built."""
+    input nodes (the roots first: every block's destinations are its first sources), their
+    encoder dropout mask (None: the encoder applies none) and the mechanism's streamed N(0, 1)
+    noise, one tensor per layer (None: drawn in the pass, or none). Party A's prefetch builds
+    them while B computes (pmp_plugin.prefetch); they are the same whenever they are built."""
 
     features: torch.Tensor  # [len(input_nodes), F]
     keep: torch.Tensor | None  # [len(input_nodes), hidden]
+    noise: list[torch.Tensor] | None = None  # layer l: [blocks[l].dst_count, d]
 
     def rows(self, start: int, stop: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rows ``start:stop`` of both."""
@@ -230,26 +232,36 @@ class PmpExtractor(nn.Module):
 
     def perturb(
         self, aggregate: torch.Tensor, block: Block, noise_std: float, noise: NoiseSource | None,
-        noise_key: NoiseKey | None = None, layer: int = 0,
+        noise_key: NoiseKey | None = None, layer: int = 0, drawn: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """ǎ_v = a_v + N(0, θ² I_d) for every destination v of the block [VESPER, eq. 34]: the
         Gaussian mechanism, drawn from A's secret noise (party_a.noise); in place, a is fresh.
         With the release's ``noise_key``, v's noise in ``layer`` is keyed by (key, layer, v)
-        (party_a.noise.keyed_normal): the same wherever v is reached (docs/privacy.md, 2.6)."""
+        (party_a.noise.keyed_normal): the same wherever v is reached (docs/privacy.md, 2.6).
+        ``drawn``: the layer's N(0, 1) values, drawn ahead (:meth:`release_inputs`)."""
         if noise is None or noise_std == 0:
             return aggregate
-        return noise.gaussian(aggregate, noise_std, rows=block.dst_nodes, key=noise_key, layer=layer)
+        return noise.gaussian(aggregate, noise_std, rows=block.dst_nodes, key=noise_key, layer=layer, drawn=drawn)
 
     def release_inputs(
         self, subgraph: SampledSubgraph, features: torch.Tensor, dropout_key: DropoutKey | None,
+        noise_std: float = 0.0, noise: NoiseSource | None = None,
     ) -> ReleaseInputs:
-        """The release's :class:`ReleaseInputs`: its input nodes' features and dropout mask."""
+        """The release's :class:`ReleaseInputs`: its input nodes' features and dropout mask, and,
+        where the pass would stream its noise from ``noise``'s generator (θ = ``noise_std`` > 0,
+        not keyed), each layer's N(0, 1) draws, in the order the pass would draw them."""
         inputs = subgraph.input_nodes
         roots = subgraph.roots.numel()
         if not torch.equal(inputs[:roots], subgraph.roots.to(inputs.device)):
             raise ValueError("the subgraph's input nodes do not start with its roots")
-        rows = features.index_select(0, inputs.to(features.device))
-        return ReleaseInputs(rows, self.encoder.dropout_mask(inputs.to(features.device), dropout_key))
+        with torch.no_grad():  # the mechanism's pass reads them without gradient
+            rows = features.index_select(0, inputs.to(features.device))
+        drawn = None
+        if self.aggregates and noise is not None and not noise.keyed and noise_std > 0:
+            dtype = self.layers[0].self_weight.bias.dtype
+            width = self.layers[0].self_weight.in_features
+            drawn = [noise.standard_normal((block.dst_count, width), dtype) for block in subgraph.blocks]
+        return ReleaseInputs(rows, self.encoder.dropout_mask(inputs.to(features.device), dropout_key), drawn)
 
     @torch.no_grad()
     def noisy_aggregates(
@@ -287,7 +299,7 @@ class PmpExtractor(nn.Module):
             noise_key = noise.draw_key()
         num_roots = subgraph.roots.numel()
         if inputs is None:
-            inputs = self.release_inputs(subgraph, features, dropout_key)
+            inputs = self.release_inputs(subgraph, features, dropout_key, noise_std, None if noise_key else noise)
         nodes = subgraph.input_nodes.to(features.device)
         if encoded_roots is None:
             h = self.encoder(inputs.features, nodes, dropout_key, inputs.keep)
@@ -298,7 +310,8 @@ class PmpExtractor(nn.Module):
         last = len(subgraph.blocks) - 1
         for index, (layer, block) in enumerate(zip(self.layers, subgraph.blocks)):
             noisy = self.aggregate(block, h, capped_degree, None if messages is None else messages[index])
-            noisy = self.perturb(noisy, block, noise_std, noise, noise_key, index)
+            drawn = None if inputs.noise is None else inputs.noise[index]
+            noisy = self.perturb(noisy, block, noise_std, noise, noise_key, index, drawn)
             noisy_roots.append(noisy[:num_roots])
             if index < last:  # h^(L) of the pass is never read: the roots' chain recomputes it
                 h = layer(h[: block.dst_count], noisy, None if weights is None else weights[index])
@@ -326,13 +339,18 @@ class PmpExtractor(nn.Module):
         """
         weights = self.step_weights()  # with gradient, once for both passes
         if inputs is None:
-            inputs = self.release_inputs(subgraph, features, dropout_key)
-        roots = subgraph.roots
+            inputs = self.release_inputs(subgraph, features, dropout_key, noise_std, noise)
+        roots = subgraph.roots.to(features.device)
         own, keep = inputs.rows(0, roots.numel())
-        h = self.encoder(own, roots.to(features.device), dropout_key, keep)
+        if features.requires_grad:  # h^(0) given as a leaf (measurements, tests): the chain's rows take its gradient
+            own = features.index_select(0, roots)
+        h = self.encoder(own, roots, dropout_key, keep)
+        # an encoder without parameters gives h^(0) (measurements, tests): reading its rows again
+        # costs less than joining the roots' to the others'
+        shared = h if any(True for _ in self.encoder.parameters()) else None
         noisy = self.noisy_aggregates(
             subgraph, features, noise_std, noise, capped_degree, weights, messages, dropout_key,
-            inputs=inputs, encoded_roots=h,
+            inputs=inputs, encoded_roots=shared,
         )
         per_layer = []
         for layer, aggregate, w in zip(self.layers, noisy, weights):

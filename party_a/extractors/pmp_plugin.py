@@ -164,7 +164,7 @@ class PmpPlugin(ExtractorBase):
         subgraph = sampler.sample(roots, sampler.layer_seeds(self.setup.sampling_generator))
         return _Sample(
             subgraph, capped_degree, self.model.messages(subgraph, capped_degree), key,
-            self.model.release_inputs(subgraph, self.setup.features, key),
+            self.model.release_inputs(subgraph, self.setup.features, key, self.noise_std, self.setup.noise),
         )
 
     def _edges_read_by(self, sampler: NeighbourSampler) -> EdgeSubsampler:
@@ -180,8 +180,10 @@ class PmpPlugin(ExtractorBase):
         samples step t+1 while B computes step t. Exact: the sample depends only on the roots
         and A's sampling generator, which is consumed in the same order as without prefetching
         (the next release must be of exactly these roots, else RuntimeError). The input
-        nodes' features and dropout masks read no parameter either, so they are built here too;
-        noise is still drawn in ``release``, in step order."""
+        nodes' features and dropout masks read no parameter either, so they are built here too,
+        and so is the release's streamed noise: drawn after step t's release and before step
+        t+1's, as the release itself would draw it (nothing else draws from A's noise generator
+        in between; no prefetch follows a checkpointed step)."""
         if self._prefetched is not None:
             raise RuntimeError("a prefetched sample is still unused: prefetching again would reorder the sampling")
         roots = roots.to(self.setup.device)
