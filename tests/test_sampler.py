@@ -230,3 +230,18 @@ def test_an_order_of_a_graph_without_edges_is_empty() -> None:
 def test_a_chunk_of_no_slots_is_refused() -> None:
     with pytest.raises(ValueError, match="chunk_slots"):
         KeyedOrder.of(build_graph(torch.tensor([[0, 1]]), 2), ORDER_KEY, chunk_slots=0)
+
+
+@pytest.mark.parametrize("layers", [1, 2, 3])
+@pytest.mark.parametrize("fanout", [0, 2, 5])
+def test_every_block_s_destinations_lead_its_sources_so_the_roots_lead_the_inputs(layers: int, fanout: int) -> None:
+    """What a PMP release relies on to read its roots' rows off its input rows (pmp.release_inputs)."""
+    graph = random_graph(random.Random(layers * 10 + fanout), 80, 0.08)
+    sampler = NeighbourSampler(graph, fanout, layers, (7, 8) if fanout else None)
+    roots = torch.randperm(80, generator=torch.Generator().manual_seed(fanout))[:17]
+    subgraph = sampler.sample(roots, sampler.layer_seeds(torch.Generator().manual_seed(layers)))
+    for block in subgraph.blocks:
+        assert torch.equal(block.src_nodes[: block.dst_count], block.dst_nodes)
+    for outer, inner in zip(subgraph.blocks, subgraph.blocks[1:]):
+        assert torch.equal(outer.dst_nodes, inner.src_nodes)
+    assert torch.equal(subgraph.input_nodes[: roots.numel()], roots)

@@ -250,10 +250,7 @@ class PmpExtractor(nn.Module):
         """The release's :class:`ReleaseInputs`: its input nodes' features and dropout mask, and,
         where the pass would stream its noise from ``noise``'s generator (θ = ``noise_std`` > 0,
         not keyed), each layer's N(0, 1) draws, in the order the pass would draw them."""
-        inputs = subgraph.input_nodes
-        roots = subgraph.roots.numel()
-        if not torch.equal(inputs[:roots], subgraph.roots.to(inputs.device)):
-            raise ValueError("the subgraph's input nodes do not start with its roots")
+        inputs = subgraph.input_nodes  # the roots first (sampler.Block: a block's destinations lead its sources)
         with torch.no_grad():  # the mechanism's pass reads them without gradient
             rows = features.index_select(0, inputs.to(features.device))
         drawn = None

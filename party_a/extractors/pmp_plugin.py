@@ -40,7 +40,7 @@ _GRAPH = ("fanout", "degree_bound")
 class _Sample:
     """What one release reads before its parameters: its blocks, the capped degrees of the
     graph they were sampled from (None: A's graph), their messages (pmp.BlockMessages), and
-    its input nodes' features and dropout mask (pmp.ReleaseInputs)."""
+    its input nodes' features, their dropout mask and the noise's draws (pmp.ReleaseInputs)."""
 
     subgraph: SampledSubgraph
     capped_degree: torch.Tensor | None
