@@ -349,7 +349,7 @@ def test_cuda_samples_what_the_cpu_samples_and_keeps_everything_on_the_gpu(name:
 
 # -- the benchmark module ----------------------------------------------------------------------
 def test_kernel_figures_run_on_a_small_graph(tmp_path: Path) -> None:
-    from vesper.benchmarks.perf import kernels
+    from vesper.benchmarks.perf import kernels, layer_figure
 
     rng = np.random.default_rng(0)
     n = 700
@@ -361,7 +361,7 @@ def test_kernel_figures_run_on_a_small_graph(tmp_path: Path) -> None:
         path, node_features=rng.random((n, 6), dtype=np.float32), node_labels=rng.integers(0, 2, n),
         edges=edges, train_masks=train, val_masks=~train, test_masks=np.zeros_like(train),
     )
-    figures = kernels.sampler_figures(path, repeats=1, workdir=tmp_path / "perf") + kernels.layer_figures(
+    figures = kernels.sampler_figures(path, repeats=1, workdir=tmp_path / "perf") + layer_figure.layer_figures(
         path, batches=2, repeats=1
     )
     assert [f.unit for f in figures] == ["s", "s", "s", "x", "x"]

@@ -10,7 +10,7 @@ ending the command:
     wire         bytes per step float32 vs bfloat16; the metric       (perf/wire_bytes.py)
     accountant   charge latency p50/p99                               (perf/accountant_latency.py)
     sampler      sampler epoch on Tolokers against DGL, same run      (perf/kernels.py, perf/dgl_peer.py)
-    layer        PMP layer forward+backward against a sparse GCN      (perf/kernels.py)
+    layer        PMP layer forward+backward against a sparse GCN      (perf/layer_figure.py)
     scale        1M/10M and 100k/10M graphs: epoch time, peak RSS     (perf/scale.py; --scale-profile
                  sparse-10m for 10M/100M, --scale-workers for A's workers)
 
@@ -71,7 +71,7 @@ SOURCES: tuple[Source, ...] = (
            "write-ahead charge latency p50/p99 to a real accountant process"),
     Source("sampler", "vesper.benchmarks.perf.kernels", "sampler_figures",
            "one sampler epoch on Tolokers against DGL 2.1's, measured in the same run (--peer-env)"),
-    Source("layer", "vesper.benchmarks.perf.kernels", "layer_figures",
+    Source("layer", "vesper.benchmarks.perf.layer_figure", "layer_figures",
            "PMP layer forward + backward against a torch sparse-matrix GCN layer"),
     Source("scale", "vesper.benchmarks.perf.scale", "scale_figures",
            "1M nodes / 10M edges and 100k / 10M (or the --scale-profile graphs, e.g. 10M / 100M): one epoch's "

@@ -6,7 +6,7 @@ printed side by side with the ratio:
 
 1. **PMP-GCN layers, forward + backward** on subgraphs sampled from the graph as in training
    (fanout [10, 10], batch 256, d = 64), exactly as ``vesper bench perf --only layer`` times
-   them (kernels.LayerBench: h^(0) given, the blocks' messages built outside the timer);
+   them (layer_figure.LayerBench: h^(0) given, the blocks' messages built outside the timer);
    the median step.
 2. **A training step in one process** (throughput.OneProcess): A's PMP-GCN extractor samples,
    encodes and releases a batch, B's session decodes it and returns the gradient, A's
@@ -32,7 +32,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from vesper.benchmarks.perf.kernels import layer_bench, pmp_layer_medians, torch_threads
+from vesper.benchmarks.perf.kernels import torch_threads
+from vesper.benchmarks.perf.layer_figure import layer_bench, pmp_layer_medians
 from vesper.benchmarks.perf.throughput import OneProcess, ThroughputOptions
 
 FANOUTS = (10, 10)

@@ -18,7 +18,7 @@ import typer
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from vesper.benchmarks.perf.kernels import LayerBench, layer_bench, layer_models
+from vesper.benchmarks.perf.layer_figure import LayerBench, layer_bench, layer_models
 
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC")
 
