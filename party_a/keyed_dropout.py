@@ -68,18 +68,17 @@ class KeyedDropout(nn.Module):
         ``mask(nodes, key, units)``, computed ahead (party A's prefetch builds it while B computes)."""
         if not self.training or self.p == 0.0:
             return x
-        if keep is not None:
-            if keep.shape != x.shape:
-                raise ValueError(f"a dropout mask of shape {tuple(keep.shape)} for rows of shape {tuple(x.shape)}")
-            return x * keep.to(x.dtype) / (1.0 - self.p)
-        if nodes is None or key is None:
-            raise ValueError(
-                "party A's dropout in training mode needs the release's secret key and the rows' node ids "
-                "(party_a.keyed_dropout): a mask drawn from a stream would depend on what else the pass reads"
-            )
-        if nodes.shape != x.shape[:1]:
-            raise ValueError(f"{nodes.numel()} node ids for {x.shape[0]} rows")
-        keep = keep_mask(key, nodes.to(x.device), x.shape[1], self.p)
+        if keep is None:
+            if nodes is None or key is None:
+                raise ValueError(
+                    "party A's dropout in training mode needs the release's secret key and the rows' node ids "
+                    "(party_a.keyed_dropout): a mask drawn from a stream would depend on what else the pass reads"
+                )
+            if nodes.shape != x.shape[:1]:
+                raise ValueError(f"{nodes.numel()} node ids for {x.shape[0]} rows")
+            keep = keep_mask(key, nodes.to(x.device), x.shape[1], self.p)
+        elif keep.shape != x.shape:
+            raise ValueError(f"a dropout mask of shape {tuple(keep.shape)} for rows of shape {tuple(x.shape)}")
         return x * keep.to(x.dtype) / (1.0 - self.p)
 
     def mask(self, nodes: torch.Tensor, key: DropoutKey | None, units: int) -> torch.Tensor | None:

@@ -215,6 +215,18 @@ def test_release_inputs_built_ahead_are_those_built_in_the_release() -> None:
         model.train().encoder(features[:3], torch.arange(3), (5, 6), inputs.keep[:2])
 
 
+def test_the_mlp_draws_no_noise_ahead() -> None:
+    """The MLP releases no aggregate: handed a noise source, its release inputs draw nothing
+    from it (party A's prefetch hands one to every extractor alike)."""
+    config = ExtractorConfig(name="mlp", layers=2, dim=8, encoder_hidden=16, dropout=0.5)
+    model = PmpExtractor(config, in_features=6, capped_degree=None).train()
+    generator = torch.Generator().manual_seed(3)
+    before = generator.get_state()
+    inputs = model.release_inputs(edgeless_subgraph(torch.tensor([1, 4]), 2), torch.rand(9, 6), (5, 6), 0.5, NoiseSource(generator))
+    assert inputs.noise is None and inputs.keep is not None
+    assert torch.equal(generator.get_state(), before)
+
+
 def test_pmp_extractor_needs_degrees() -> None:
     with pytest.raises(ValueError, match="capped degrees"):
         _model("pmp-gcn", graph=None)

@@ -145,8 +145,9 @@ class PmpPlugin(ExtractorBase):
     def _sample(self, roots: torch.Tensor) -> _Sample:
         """The release's reads of the graph: all its draws from A's secret sampling generator
         (its dropout key first, then its edge sample and layer seeds), the sampled blocks'
-        messages ready for the aggregation (graph structure only), and the input nodes'
-        features and dropout mask (no parameter)."""
+        messages ready for the aggregation (graph structure only), the input nodes'
+        features and dropout mask (no parameter), and the N(0, 1) draws of the release's
+        streamed noise, in the order the release would draw them (pmp.ReleaseInputs)."""
         layers = self.setup.config.extractor.layers
         key = self.dropout_key()
         sampler, capped_degree = self.sampler, None
@@ -158,14 +159,13 @@ class PmpPlugin(ExtractorBase):
             graph = edges.subgraph(keep)
             sampler = sampler.restricted(keep, graph) if self.fanout else NeighbourSampler(graph, 0, layers)
             capped_degree = self.capped_degree(graph)
-        if sampler is None:
-            subgraph = edgeless_subgraph(roots, layers)
-            return _Sample(subgraph, None, None, key, self.model.release_inputs(subgraph, self.setup.features, key))
-        subgraph = sampler.sample(roots, sampler.layer_seeds(self.setup.sampling_generator))
-        return _Sample(
-            subgraph, capped_degree, self.model.messages(subgraph, capped_degree), key,
-            self.model.release_inputs(subgraph, self.setup.features, key, self.noise_std, self.setup.noise),
-        )
+        if sampler is None:  # the MLP: no block, no message, no noise (release_inputs draws none for it)
+            subgraph, messages = edgeless_subgraph(roots, layers), None
+        else:
+            subgraph = sampler.sample(roots, sampler.layer_seeds(self.setup.sampling_generator))
+            messages = self.model.messages(subgraph, capped_degree)
+        inputs = self.model.release_inputs(subgraph, self.setup.features, key, self.noise_std, self.setup.noise)
+        return _Sample(subgraph, capped_degree, messages, key, inputs)
 
     def _edges_read_by(self, sampler: NeighbourSampler) -> EdgeSubsampler:
         """The edge sample's coins over the slots the sampler reads (its keyed order; A's CSR for fanout 0)."""
