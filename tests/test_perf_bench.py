@@ -347,13 +347,16 @@ def test_in_process_charges_are_timed_and_profiled(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_charges_over_grpc_alternate_with_health_checks(tmp_path: Path) -> None:
-    """The transport's floor in the accountant figure: as many no-work round trips as charges."""
-    from vesper.benchmarks.perf.accountant_latency import over_grpc
+    """The transport's floor in the accountant figure: as many no-work round trips as charges;
+    and the paced figure's floor, round trips alone with idle time between them."""
+    from vesper.benchmarks.perf.accountant_latency import over_grpc, paced_pings
 
     pings: list[float] = []
     charges = over_grpc(tmp_path / "service", 20, pings=pings)
     assert len(charges) == len(pings) == 20
     assert all(0 < seconds < 30 for seconds in charges + pings)
+    paced = paced_pings(tmp_path / "paced", 5, 0.01)
+    assert len(paced) == 5 and all(0 < seconds < 30 for seconds in paced)
 
 
 def test_the_throughput_bound_names_each_difference_and_the_transport_floor() -> None:
