@@ -15,15 +15,18 @@ from vesper.party_a.extractors.registry import installed, lookup, with_run_defau
 def test_defaults_fill_only_what_the_run_did_not_set() -> None:
     bare = RunConfig.model_validate({"dataset": "cora", "extractor": {"name": "gap"}})
     config, applied = with_run_defaults(bare)
-    assert applied == {"extractor.layers": 1, "epochs": 20}
+    assert applied == {"extractor.layers": 1, "epochs": 20, "extractor.dim": 16}
     assert config.epochs == 20 and config.extractor.layers == 1 and config.extractor.name == "gap"
+    assert config.extractor.dim == 16
     # a flag or TOML key wins, even one equal to RunConfig's own default
-    explicit = RunConfig.model_validate({"dataset": "cora", "epochs": 50, "extractor": {"name": "gap", "layers": 3}})
+    explicit = RunConfig.model_validate(
+        {"dataset": "cora", "epochs": 50, "extractor": {"name": "gap", "layers": 3, "dim": 64}}
+    )
     config, applied = with_run_defaults(explicit)
-    assert applied == {} and config.epochs == 50 and config.extractor.layers == 3
+    assert applied == {} and config.epochs == 50 and config.extractor.layers == 3 and config.extractor.dim == 64
     half = RunConfig.model_validate({"dataset": "cora", "extractor": {"name": "gap", "layers": 2}})
     config, applied = with_run_defaults(half)
-    assert applied == {"epochs": 20} and config.extractor.layers == 2
+    assert applied == {"epochs": 20, "extractor.dim": 16} and config.extractor.layers == 2
     # and what a default does not name keeps RunConfig's default
     assert config.batch_size == RunConfig().batch_size
 
@@ -58,7 +61,7 @@ def test_party_a_trains_gap_with_its_defaults_and_says_so(tmp_path: Path) -> Non
         summary = cluster.drive(run, events.append)
     assert summary.status == "completed", summary.message
     said = [e.message for e in events if "own defaults" in e.message]
-    assert said == ["gap's own defaults for what the run did not set: extractor.layers=1, epochs=20"]
+    assert said == ["gap's own defaults for what the run did not set: extractor.layers=1, epochs=20, extractor.dim=16"]
     # the main pass (label ""; GAP's edge-free encoder stage is labelled and has its own epochs)
     main = {e.epochs for e in events if e.phase == "train" and e.epochs and not e.message}
     assert main == {lookup("gap").spec.run_defaults["epochs"]}

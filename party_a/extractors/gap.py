@@ -129,8 +129,10 @@ class GapExtractor(ExtractorBase):
         params=GapParams, uses=("layers", "dim", "encoder_hidden", "dropout", "noise_multiplier"),
         accountings=("visible-batch", "hidden-batch"), docs="docs/extractors/gap.md",
         # one hop; the classifier trains on fixed noisy hops, so more epochs fit their noise: on Tolokers
-        # at ε = 4, 50 epochs scored 0.707 (seed 0) where 20 scored 0.736 ± 0.009 (docs/extractors/gap.md)
-        run_defaults={"extractor.layers": 1, "epochs": 20},
+        # at ε = 4, 50 epochs scored 0.707 (seed 0) where 20 scored 0.736 ± 0.009 (docs/extractors/gap.md).
+        # d = 16: a hop's noise norm grows with √d while each row's signal norm is 1; level with or
+        # above d = 64 on every development graph at ε = 4 (docs/utility.md, section 9)
+        run_defaults={"extractor.layers": 1, "epochs": 20, "extractor.dim": 16},
     )
 
     def __init__(self, setup: ExtractorSetup) -> None:
