@@ -31,6 +31,14 @@ def test_defaults_fill_only_what_the_run_did_not_set() -> None:
     assert config.batch_size == RunConfig().batch_size
 
 
+def test_relational_gap_releases_gap_width_hops() -> None:
+    """relational-gap's hops are GAP's, and so is their width: d = 16 (docs/utility.md, section 9)."""
+    bare = RunConfig.model_validate({"dataset": "tolokers", "extractor": {"name": "relational-gap"}})
+    config, applied = with_run_defaults(bare)
+    assert applied == {"extractor.layers": 1, "epochs": 20, "extractor.dim": 16}
+    assert lookup("relational-gap").spec.run_defaults == lookup("gap").spec.run_defaults
+
+
 def test_an_extractor_without_defaults_leaves_the_run_as_it_is() -> None:
     config = RunConfig.model_validate({"dataset": "cora", "extractor": {"name": "pmp-gcn"}})
     assert with_run_defaults(config) == (config, {})
