@@ -64,7 +64,7 @@ class RelationalGapExtractor(GapExtractor):
         # GAP's (gap.py), for the same reasons: one hop, 20 epochs over its fixed noise, and d = 16
         # (5 seeds: Tolokers 0.764 -> 0.775 at ε = 4 and 0.738 -> 0.756 at ε = 1; lower on the
         # heterophilous synthetic graph at ε = 1; every cell in docs/utility.md, section 9)
-        run_defaults={"extractor.layers": 1, "epochs": 20, "extractor.dim": 16},
+        run_defaults=dict(GapExtractor.spec.run_defaults),
     )
 
     def __init__(self, setup: ExtractorSetup) -> None:
