@@ -54,6 +54,7 @@ SMALL_PARAMS: dict[str, dict] = {
     # q = expected_batch / privacy.edge_bound = 0.5: most steps sample the edge that differs
     "relational": {"pretrain_steps": 3, "expected_batch": 200},
     "relational-gap": {"pretrain_steps": 3, "expected_batch": 200, "encoder_epochs": 1},
+    "progap": {"stage_epochs": 1},
     "dpar-edge": {"top_k": 4},
     "dpar-node": {"top_k": 4, "dp_batch": 0},
 }
@@ -145,7 +146,7 @@ def test_keyed_noise_keeps_the_whole_release_coupled(plugin) -> None:
 def test_every_built_in_extractor_is_covered() -> None:
     names = {entry.name for entry in REGISTERED}
     assert {"mlp", "pmp-gin", "pmp-gcn", "gap", "vfgnn", "dpar-edge", "dpar-node", "relational",
-            "relational-gap", "heterpoisson"} <= names
+            "relational-gap", "heterpoisson", "progap"} <= names
 
 
 def test_the_runs_exercise_dropout_training_and_the_mechanisms() -> None:

@@ -274,7 +274,7 @@ def test_flat_gradients_sum_and_keep_absent_ones_absent() -> None:
         apply_gradients([a], flat)
 
 
-@pytest.mark.parametrize("name", ["vfgnn", "dpar-edge", "dpar-node", "heterpoisson", "relational"])
+@pytest.mark.parametrize("name", ["vfgnn", "dpar-edge", "dpar-node", "heterpoisson", "relational", "progap"])
 def test_other_extractors_are_refused_with_the_fix(name: str) -> None:
     config = config_for("pmp-gin").model_copy(update={"extractor": ExtractorConfig(name=name)})
     with pytest.raises(WorkersUnsupported, match=f"not {name}.*party_a.workers = 1.*nothing was charged") as refused:

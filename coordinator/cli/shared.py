@@ -159,7 +159,7 @@ EdgeRateOpt = typer.Option(
 PathEpochsOpt = typer.Option(
     None, "--edge-free-path-epochs", min=0,
     help="Epochs the edge-free path (the MLP's layers every edge-level release carries) trains alone with B "
-    "first, for an extractor released once (gap, relational-gap): default the MLP baseline's epochs minus the "
+    "first, for an extractor released once (gap, relational-gap, progap): default the MLP baseline's epochs minus the "
     "run's, so the path trains as long as the baseline; 0 = none. Free: it reads no edge.",
 )
 JsonOutOpt = typer.Option(None, "--json-out", help="Write the run summary as JSON to this file.")
