@@ -20,7 +20,7 @@ from vesper.common.config import DEFAULT_DELTA
 from vesper.common.privacy.accounting import epsilon_of
 from vesper.coordinator.processes import LocalCluster
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # one services run: make test-slow
 
 HOPS = 2
 CORA_STEPS = 6  # ceil(train nodes / 256) for Cora's stratified split
