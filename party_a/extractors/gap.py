@@ -174,7 +174,6 @@ class GapExtractor(ExtractorBase):
         same plan under hidden-batch: nothing is sampled, so there is nothing to amplify.
         """
         rules = [PlanRule(kind="one-shot", participation_bound=None, mechanism="gaussian"), *post_processing_rules()]
-        stages = (self.encoder_stage(),) if self.params.encoder_epochs else ()
         details = {
             "sensitivity_form": "one-shot",
             "hops": self.hops,
@@ -185,8 +184,13 @@ class GapExtractor(ExtractorBase):
         if self.setup.config.privacy.accounting == "hidden-batch":
             details["hidden_batch"] = HIDDEN_BATCH_NOTE
         return ChargePlan(
-            rules, HOP_SENSITIVITY, one_shot_releases=self.hops, stages=stages, participation_bound=0, details=details,
+            rules, HOP_SENSITIVITY, one_shot_releases=self.hops, stages=self.stages(), participation_bound=0,
+            details=details,
         )
+
+    def stages(self) -> tuple[Stage, ...]:
+        """The edge-free stages before the hops: the encoder's, unless encoder_epochs = 0."""
+        return (self.encoder_stage(),) if self.params.encoder_epochs else ()
 
     def bind(self, noise_multiplier: float | None) -> None:
         super().bind(noise_multiplier)

@@ -21,13 +21,13 @@ post-processing (no-op), and B's gradients may train every f_k (docs/extractors/
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import ClassVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from vesper.common.privacy.ledger import PlanRule
 from vesper.party_a.encoder import MlpEncoder
 from vesper.party_a.extractors.base import (
     ChargePlan,
@@ -37,9 +37,8 @@ from vesper.party_a.extractors.base import (
     ReleaseKind,
     RootPlan,
     Stage,
-    post_processing_rules,
 )
-from vesper.party_a.extractors.gap import ENCODE_CHUNK, HOP_SENSITIVITY, GapExtractor, row_normalise
+from vesper.party_a.extractors.gap import ENCODE_CHUNK, GapExtractor, row_normalise
 from vesper.party_a.extractors.gap_hops import LocalHops
 
 
@@ -89,20 +88,14 @@ class ProgapExtractor(GapExtractor):
 
     # -- what it costs ----------------------------------------------------------------------
     def charge_plan(self, roots: RootPlan) -> ChargePlan:
-        """GAP's plan (K one-shot Gaussian(z) releases of sensitivity √2) with K stages."""
-        rules = [PlanRule(kind="one-shot", participation_bound=None, mechanism="gaussian"), *post_processing_rules()]
-        details = {
-            "sensitivity_form": "one-shot",
-            "hops": self.hops,
-            "hop_sensitivity": HOP_SENSITIVITY,
-            "derivation": "stage i trains f_0..f_i on the features and the hops 1..i already charged; hop i+1 is "
-            "A h_i with rows of h_i of norm <= 1 (f_i normalises): one undirected edge adds one row to each "
-            "endpoint's aggregate, sqrt(2) per hop; K hops adaptively composed (docs/extractors/progap.md)",
-        }
-        return ChargePlan(
-            rules, HOP_SENSITIVITY, one_shot_releases=self.hops, stages=self.stages(), participation_bound=0,
-            details=details,
-        )
+        """GAP's plan (K one-shot Gaussian(z) releases of sensitivity √2, training and evaluation
+        no-op) with this extractor's K stages and derivation."""
+        plan = super().charge_plan(roots)
+        return replace(plan, details={**plan.details, "derivation": (
+            "stage i trains f_0..f_i on the features and the hops 1..i already charged; hop i+1 is A h_i with "
+            "rows of h_i normalised to norm 1: one undirected edge adds one row to each endpoint's aggregate, "
+            "sqrt(2) per hop; K hops adaptively composed (docs/extractors/progap.md)"
+        )})
 
     def stages(self) -> tuple[Stage, ...]:
         """Stage i < K: i + 1 slices [h_0, ..., h_i] per step, charged as no-op train releases."""

@@ -91,7 +91,7 @@ class RelationalGapExtractor(GapExtractor):
             "aggregate, sqrt(2) per hop (docs/extractors/gap.md, eq. S)",
             **self.pretraining.details(),
         }
-        stages = (self.encoder_stage(),) if self.params.encoder_epochs else ()
+        stages = self.stages()
         # the summary's θ = z · S is the hops' noise std
         return ChargePlan(
             rules, HOP_SENSITIVITY * scale, one_shot_releases=self.hops, pre_train_releases=schedule.releases,
