@@ -79,6 +79,23 @@ def test_scores_after_both_parties_restart_reproduce_the_test_metric(served) -> 
 
 
 @pytest.mark.e2e
+def test_progap_serves_its_hops_through_its_trained_bases_after_a_restart(served) -> None:
+    """ProGAP's releases read its charged hops through A's trained bases f_0..f_K: a free pass
+    after party A restarts scores the test nodes as the run did (its state and its hops saved)."""
+    cluster, facts, tmp = served
+    summary = _train(cluster, extractor={"name": "progap", "layers": 2, "params": {"stage_epochs": 1}})
+    cluster.restart("party-a")
+    out = tmp / "progap.csv"
+    done = _predict(cluster, summary.run_id, out)
+    assert done["pass"]["nodes"] == 60 and done["pass"]["charged"] is False
+    table = pacsv.read_csv(out).to_pydict()
+    truth = {key: ("risky" if facts["features"][key][0] > 0 else "fine") for key in facts["features"]}
+    tested = [i for i, key in enumerate(table["key"]) if facts["splits"].get(key) == "test"]
+    risky = np.array([truth[table["key"][i]] == "risky" for i in tested])
+    assert roc_auc(np.array(table["p_risky"])[tested], risky) == pytest.approx(summary.test_metric.value, abs=1e-9)
+
+
+@pytest.mark.e2e
 def test_a_charged_pass_is_in_the_ledger_and_one_beyond_the_reservation_is_refused(served) -> None:
     from vesper.coordinator.run_client import RunClientError
     from vesper.coordinator.serving_client import prediction_pass

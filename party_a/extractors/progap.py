@@ -77,11 +77,11 @@ class ProgapExtractor(GapExtractor):
         super().__init__(setup)  # f_0 (GAP's encoder), the adjacency, K, and GAP's checks
         self.params: ProgapParams = setup.params  # type: ignore[assignment]
         ex = setup.config.extractor
+        self.hop_width = ex.dim + int(self.params.hop_norm)  # what f_k reads of hop k: x̃_k (and its log-norm)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(setup.config.seed + 1)
-            width = ex.dim + (1 if self.params.hop_norm else 0)
             self.bases = nn.ModuleList(
-                MlpEncoder(width, ex.encoder_hidden, ex.dim, ex.dropout) for _ in range(self.hops)
+                MlpEncoder(self.hop_width, ex.encoder_hidden, ex.dim, ex.dropout) for _ in range(self.hops)
             ).to(setup.device)
         # [N, d (+1), K]: f_k's input from the charged hop k, x̃_k (and log(1 + ‖x_k‖))
         self.released = None
@@ -128,8 +128,8 @@ class ProgapExtractor(GapExtractor):
 
     def prepare(self, session: PrepareSession) -> None:
         """Stage i, then hop i + 1 (charged before any use), for i = 0, ..., K − 1 (P-3, P-4)."""
-        num_nodes, width = self.setup.graph.num_nodes, self.bases[0].net[0].in_features if self.hops else 0
-        self.released = torch.zeros(num_nodes, width, self.hops, device=self.setup.device)
+        num_nodes = self.setup.graph.num_nodes
+        self.released = torch.zeros(num_nodes, self.hop_width, self.hops, device=self.setup.device)
         all_nodes = torch.arange(num_nodes, device=self.setup.device)
         try:
             for i, stage in enumerate(self.stages()):
