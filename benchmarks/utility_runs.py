@@ -70,9 +70,17 @@ def plan_text(plan: GridPlan, cells: int, rows: Sequence[TableRow], jobs: int) -
     return "\n".join(lines)
 
 
+# Both parties' secret seeds in the clusters a benchmark starts: a run's secrets then depend on its
+# seed alone, so the MLP run and an extractor's edge-free path of one seed draw the same dropout
+# keys (common random numbers, docs/utility.md section 7), and a run repeats exactly. Services at
+# --party-a keep their own settings.
+BENCH_SECRETS = {"secret_seed": 0}
+
+
 @contextmanager
 def open_drivers(options: UtilityOptions, say: Console) -> Iterator[list[Drive]]:
-    """One driver per job: its own LocalCluster, the running services at --party-a, or in process."""
+    """One driver per job: its own LocalCluster, the running services at --party-a, or in process
+    (the clusters with both parties' ``secret_seed`` set: ``BENCH_SECRETS``)."""
     from vesper.coordinator.processes import LocalCluster
     from vesper.coordinator.run_client import drive_run
 
@@ -86,13 +94,17 @@ def open_drivers(options: UtilityOptions, say: Console) -> Iterator[list[Drive]]
             from vesper.coordinator.in_process import InProcessCluster
 
             clusters = [
-                stack.enter_context(InProcessCluster((options.out / f"in-process-{i}").resolve()))
+                stack.enter_context(InProcessCluster(
+                    (options.out / f"in-process-{i}").resolve(), party_a=BENCH_SECRETS, party_b=BENCH_SECRETS,
+                ))
                 for i in range(options.jobs)
             ]
             yield [cluster.drive for cluster in clusters]
         else:
             clusters = [
-                stack.enter_context(LocalCluster((options.out / f"cluster-{i}").resolve())) for i in range(options.jobs)
+                stack.enter_context(LocalCluster(
+                    (options.out / f"cluster-{i}").resolve(), party_a=BENCH_SECRETS, party_b=BENCH_SECRETS,
+                )) for i in range(options.jobs)
             ]
             yield [driver(cluster.party_a_address) for cluster in clusters]
 

@@ -64,18 +64,20 @@ class ExtractorConfig(_Model):
         default_factory=dict,
         description="the extractor's own hyper-parameters, validated by party A against its plugin",
     )
-    edge_free_path: bool = Field(
-        True,
-        description="an edge-level extractor's releases also carry the MLP extractor's edge-free layers, "
-        "trained end to end with B, and B keeps the edge-free head unless another of its three (the extractor's "
-        "layers, or all) leads it on validation by more than the paired noise: a graph extractor then never does worse than "
-        "not reading the graph (docs/privacy.md, section 2.5). Free under edge-level DP; false = the "
-        "extractor's own layers only",
-    )
+    edge_free_path: bool = Field(True, description=(
+        "an edge-level extractor's releases also carry the MLP extractor's edge-free layers, trained end to end with "
+        "B, and B keeps the edge-free head unless another of its three (the extractor's layers, or all) leads it on "
+        "validation by more than the paired noise: a graph extractor then never does worse than not reading the "
+        "graph (docs/privacy.md, section 2.5). Free under edge-level DP; false = the extractor's own layers only"))
     edge_free_path_epochs: int | None = Field(None, ge=0, le=100_000, description=(
         "epochs the edge-free path trains alone with B first, in a stage of its own, for an extractor released "
         "once (one-shot), so it trains as long as the MLP baseline though the run stops early (GAP: 20 epochs). "
         "None = the baseline's epochs minus the run's; 0 = no stage (docs/privacy.md, section 2.5)"))
+    edge_free_path_layers: int | None = Field(None, ge=1, le=8, description=(
+        "L_f, the edge-free path's layers; None = the run's (where the extractor's defaults set them: the MLP's)"))
+    edge_free_path_dim: int | None = Field(None, ge=1, le=4096, description=(
+        "the edge-free path's width, a multiple of dim, sent as slices of dim; None = dim (where the extractor's "
+        "defaults set dim: the MLP's, so the path is the mlp run of the same settings, docs/privacy.md 2.5)"))
 
 
 class DecoderConfig(_Model):

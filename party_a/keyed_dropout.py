@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vesper.party_a.sampler import pair_key_grid
+from vesper.party_a.sampler import pair_key_grid, pair_keys
 
 DropoutKey = tuple[int, int]
 
@@ -36,6 +36,16 @@ DropoutKey = tuple[int, int]
 def draw_dropout_key(generator: torch.Generator) -> DropoutKey:
     """k_r: one release's dropout key, two 32-bit words from A's secret (CPU) generator."""
     first, second = torch.randint(0, 1 << 32, (2,), generator=generator, dtype=torch.int64).tolist()
+    return int(first), int(second)
+
+
+def counter_key(secret: DropoutKey, release: int) -> DropoutKey:
+    """k_r of release number ``release`` of a stream keyed by ``secret``: two keyed 32-bit hashes
+    of (r, 0) and (r, 1) (``pair_keys``). The edge-free layers' keys (party_a.extractors.pmp_plugin,
+    ``MlpPlugin``): the r-th release's key depends on the secret and r alone, whatever else the
+    run draws, so the MLP run alone and an extractor's edge-free path draw the same keys."""
+    r = torch.tensor([release, release], dtype=torch.int64)
+    first, second = pair_keys(secret, r, torch.tensor([0, 1], dtype=torch.int64)).tolist()
     return int(first), int(second)
 
 

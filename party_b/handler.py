@@ -58,7 +58,9 @@ log = logging.getLogger(__name__)
 
 RUN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 MAX_DIM = 4096
-MAX_LAYERS = 8
+# slices of a release: an extractor's layers, plus its edge-free path's, whose wider layers go out
+# as several slices each (party_a.extractors.edge_free_path; GAP: 2 + 4)
+MAX_LAYERS = 64
 
 
 @contextmanager

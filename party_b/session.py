@@ -165,7 +165,7 @@ class LabelSession:
         return self.head_logits(embeddings.to(self.device))
 
     def start_edge_free_head(self, stage: LabelSession) -> bool:
-        """Start the edge-free head from ``stage``'s decoder and optimiser state: the session of
+        """Start the edge-free head from ``stage``'s decoder, optimiser state and dropout stream: the session of
         A's edge-free path's own stage, which trained the same architecture on the same L_f
         slices (party_a.extractors.edge_free_path). The head then goes on training as the MLP
         baseline's decoder would have, for the stage's epochs and the run's in all.
@@ -193,6 +193,8 @@ class LabelSession:
             )
         head.load_state_dict(theirs)
         carry_state(self.optimizer, stage.optimizer, zip(head.parameters(), stage.decoder.parameters(), strict=True))
+        # and its dropout masks go on from where the stage's stream stands, as the MLP baseline's would
+        restore_dropout_states(head, dropout_states(stage.decoder), self.device)
         return True
 
     # -- checkpoints (docs/faults.md): B's half of a resumable run ----------------------------

@@ -23,27 +23,30 @@ from vesper.party_a.extractors.edge_free_path import (
 from vesper.party_a.extractors.pmp_plugin import MlpPlugin
 from vesper.party_a.extractors.registry import installed, lookup, validated_params
 from vesper.party_a.graph_store import build_graph
-from vesper.party_b.decoders import FallbackDecoder
+from vesper.party_b.decoders import FallbackDecoder, build_decoder
 from vesper.party_b.label_data import load_labels
 from vesper.party_b.session import LabelSession, SplitScores
 
 NODES = 30
 
 
-def _setup(name: str, path: bool = True, seed: int = 4, epochs: int = 50, **extractor: Any) -> ExtractorSetup:
+def _setup(
+    name: str, path: bool = True, seed: int = 4, epochs: int = 50, edge_free_key: tuple[int, int] | None = None,
+    **extractor: Any,
+) -> ExtractorSetup:
     edges = torch.tensor([[i, (i + 1) % NODES] for i in range(NODES)] + [[i, (i + 7) % NODES] for i in range(NODES)])
     config = RunConfig(
         dataset="tiny", seed=3, epochs=epochs, privacy=PrivacyConfig(epsilon=8.0, edge_bound=200),
-        extractor=ExtractorConfig(
-            name=name, layers=2, fanout=3, dim=5, encoder_hidden=7, dropout=0.5, noise_multiplier=1.0,
-            edge_free_path=path, params={"encoder_epochs": 0} if name == "gap" else {}, **extractor,
-        ),
+        extractor=ExtractorConfig(**{
+            "name": name, "layers": 2, "fanout": 3, "dim": 5, "encoder_hidden": 7, "dropout": 0.5, "noise_multiplier": 1.0,
+            "edge_free_path": path, "params": {"encoder_epochs": 0} if name == "gap" else {}, **extractor,
+        }),
     )
     return ExtractorSetup(
         config=config, params=validated_params(lookup(name).spec, config), graph=build_graph(edges, NODES),
         features=torch.randn(NODES, 6, generator=torch.Generator().manual_seed(0)), device=torch.device("cpu"),
         sampling_generator=torch.Generator().manual_seed(seed), noise_generator=torch.Generator().manual_seed(seed + 1),
-        delta=1e-6,
+        delta=1e-6, edge_free_key=edge_free_key,
     )
 
 
@@ -81,6 +84,88 @@ def test_the_release_is_the_extractor_s_then_the_mlp_s_and_the_charges_are_the_e
     free = wrapped.release(torch.arange(5, 9), "eval")[..., 2:]
     mlp.load_state_dict(wrapped.path.state_dict())
     assert torch.allclose(free, mlp.release(torch.arange(5, 9), "eval"))
+
+
+def test_the_path_draws_the_mlp_run_s_dropout_keys_whatever_the_extractor_draws() -> None:
+    """Common random numbers: with the same edge-free secret, the path's training releases are the
+    MLP run's, bit for bit, though PMP-GCN draws its samples from the sampling generator first;
+    its stream's position is part of the state dict (checkpoints, workers)."""
+    key = (0x1234, 0xBEEF)
+    wrapped = build_extractor(lookup("pmp-gcn"), _setup("pmp-gcn", edge_free_key=key))
+    mlp = build_extractor(lookup("mlp"), _setup("mlp", seed=99, edge_free_key=key))  # its sampling generator: unused
+    legacy = build_extractor(lookup("pmp-gcn"), _setup("pmp-gcn"))  # keys from the sampling generator, as before
+    for extractor in (wrapped, mlp, legacy):
+        extractor.bind(1.0)
+        extractor.train()
+    batches = [torch.arange(0, 6), torch.arange(6, 12), torch.arange(3, 9)]
+    with torch.no_grad():
+        for roots in batches:
+            free, alone, old = wrapped.release(roots, "train")[..., 2:], mlp.release(roots, "train"), legacy.release(roots, "train")[..., 2:]
+            assert torch.equal(free, alone)
+            assert not torch.equal(old, alone)  # dropout at p = 0.5 under other keys: another release
+    assert int(wrapped.state_dict()["path.stream_position"]) == int(mlp.state_dict()["stream_position"]) == 3
+    # a checkpoint's state goes on with the stream where it stood
+    resumed = build_extractor(lookup("mlp"), _setup("mlp", edge_free_key=(1, 2)))
+    resumed.load_state_dict(mlp.state_dict())
+    resumed.bind(1.0)
+    resumed.train()
+    with torch.no_grad():
+        assert torch.equal(resumed.release(batches[0], "train"), mlp.release(batches[0], "train"))
+    # another secret, other masks
+    first, other = (build_extractor(lookup("mlp"), _setup("mlp", edge_free_key=k)) for k in (key, (key[0] + 1, key[1])))
+    for extractor in (first, other):
+        extractor.bind(1.0)
+        extractor.train()
+    with torch.no_grad():
+        assert not torch.equal(other.release(batches[0], "train"), first.release(batches[0], "train"))
+
+
+def test_a_path_wider_than_the_run_is_released_as_slices_b_s_concat_decoder_reads_as_the_mlp_s() -> None:
+    """d_f = 2 d: each layer of the path goes out as 2 slices of d, and B's concat decoder reads
+    the very vector the MLP run's decoder reads (same numbers, same order, same first layer)."""
+    key = (5, 6)
+    wrapped = build_extractor(lookup("pmp-gcn"), _setup("pmp-gcn", edge_free_key=key, edge_free_path_dim=10))
+    mlp = build_extractor(lookup("mlp"), _setup("mlp", edge_free_key=key, dim=10))
+    assert wrapped.fold == 2 and edge_free_layers(wrapped) == 2 * 2 and wrapped.output_layers == 2 + 4
+    assert wrapped.charge_plan(ROOTS).details["edge_free_path"] | {} == {
+        "layers": 4, "width": 10, "charged": "nothing: the MLP's layers read no edge", "stage_epochs": 0,
+    }
+    for extractor in (wrapped, mlp):
+        extractor.bind(1.0)
+        extractor.train()
+    roots = torch.arange(7)
+    with torch.no_grad():
+        free, alone = wrapped.release(roots, "train")[..., 2:], mlp.release(roots, "train")
+    assert free.shape == (7, 5, 4) and alone.shape == (7, 10, 2)
+    assert torch.equal(free[:, :, 1], alone[:, 5:, 0]) and torch.equal(free[:, :, 2], alone[:, :5, 1])
+    config = DecoderConfig(hidden_dim=8)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        head = FallbackDecoder(config, 5, 6, 4, 3).edge_free
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        baseline = build_decoder(config, 10, 2, 3)
+    assert torch.equal(head.net[0].weight, baseline.net[0].weight)
+    assert torch.equal(head(free), baseline(alone))
+    with pytest.raises(ValueError, match="not a multiple of extractor.dim = 5"):
+        build_extractor(lookup("pmp-gcn"), _setup("pmp-gcn", edge_free_path_dim=12))
+
+
+def test_where_an_extractor_s_defaults_narrow_the_run_its_path_keeps_the_mlp_s_settings() -> None:
+    """GAP's d = 16 and progap's L = 2 are theirs, not the MLP baseline's (d = 64, L = 1): the run
+    records the baseline's for the path; what the run sets itself, the path takes too."""
+    from vesper.party_a.extractors.registry import with_run_defaults
+
+    def path(extractor: dict) -> tuple[int | None, int | None]:
+        config, _ = with_run_defaults(RunConfig.model_validate({"extractor": extractor}))
+        return config.extractor.edge_free_path_layers, config.extractor.edge_free_path_dim
+
+    assert path({"name": "gap"}) == (None, 64)  # GAP's L = 1 is the MLP's
+    assert path({"name": "progap"}) == (1, 64)
+    assert path({"name": "gap", "dim": 32}) == (None, None)  # the run's d = 32 is the MLP run's too
+    assert path({"name": "gap", "edge_free_path": False}) == (None, None)
+    assert path({"name": "gap", "edge_free_path_dim": 16}) == (None, 16)  # set by the run: kept
+    assert path({"name": "pmp-gcn"}) == (None, None)
 
 
 def test_b_s_gradient_trains_the_path_even_when_the_extractor_trains_nothing() -> None:
@@ -166,7 +251,8 @@ def test_the_run_s_edge_free_head_goes_on_from_the_path_stage_s_decoder() -> Non
     """B: the run's edge-free head starts from the stage's decoder and optimiser state, so that its
     next step is the step the stage's decoder would have taken (one training, E_pre + E epochs)."""
     store = load_labels(resolve_dataset("cora"), split_seed=0)
-    config, cpu = DecoderConfig(hidden_dim=16), torch.device("cpu")
+    # with dropout: the head's masks go on from the stage's stream too
+    config, cpu = DecoderConfig(hidden_dim=16, dropout=0.5), torch.device("cpu")
     stage = LabelSession("r.edge-free-path", store, config, OptimizerConfig(), 8, 1, "float32", 0, cpu)
     run = LabelSession("r", store, config, OptimizerConfig(), 8, 3, "float32", 1, cpu, edge_free_layers=1)
     ids = torch.from_numpy(store.split.train[:16])

@@ -68,8 +68,11 @@ def test_party_a_trains_gap_with_its_defaults_and_says_so(tmp_path: Path) -> Non
     with InProcessCluster(tmp_path) as cluster:
         summary = cluster.drive(run, events.append)
     assert summary.status == "completed", summary.message
-    said = [e.message for e in events if "own defaults" in e.message]
-    assert said == ["gap's own defaults for what the run did not set: extractor.layers=1, epochs=20, extractor.dim=16"]
+    said = [e.message for e in events if "own defaults" in e.message or "baseline's settings" in e.message]
+    assert said == [
+        "gap's own defaults for what the run did not set: extractor.layers=1, epochs=20, extractor.dim=16",
+        "its edge-free path keeps the MLP baseline's settings: extractor.edge_free_path_dim=64",
+    ]
     # the main pass (label ""; GAP's edge-free encoder stage is labelled and has its own epochs)
     main = {e.epochs for e in events if e.phase == "train" and e.epochs and not e.message}
     assert main == {lookup("gap").spec.run_defaults["epochs"]}

@@ -280,6 +280,9 @@ class RecordingSession:
         self.observed.progress.append(_DURATION.sub("<t> s", message))
 
 
+EDGE_FREE_KEY = (0x5EC2E7, 0xED6E)  # A's secret of the edge-free layers' dropout keys, the same in every world
+
+
 def run_world(
     cls: type[Extractor], config: RunConfig, world: World, roots: RootPlan, noise: RecordingNoise,
 ) -> Observed:
@@ -289,7 +292,7 @@ def run_world(
     setup = ExtractorSetup(
         config=config, params=validated_params(cls.spec, config), graph=world.graph, features=world.features,
         device=torch.device("cpu"), sampling_generator=sampling, noise_generator=noise.generator,
-        delta=config.privacy.delta, noise=noise,
+        delta=config.privacy.delta, noise=noise, edge_free_key=EDGE_FREE_KEY,  # the edge-free layers' own stream
     )
     extractor = build_extractor(cls, setup)  # as the trainer builds it: with the edge-free path
     plan = extractor.charge_plan(roots)

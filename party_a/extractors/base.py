@@ -167,6 +167,10 @@ class ExtractorSetup:
     # per-node noise keyed by (release, layer, node) instead of streamed: what party A's workers
     # need (party_a.workers, docs/privacy.md 2.6); the default noise source's setting
     keyed_noise: bool = False
+    # the secret s of the edge-free layers' own dropout-key stream (pmp_plugin.MlpPlugin;
+    # party_a.run.secrets); None: their keys are drawn from the sampling generator (runs recorded
+    # before the stream existed, and set-ups built by hand)
+    edge_free_key: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.noise is None:

@@ -6,7 +6,7 @@ ENGB: a non-private GCN barely beats the MLP). So that a user who picks a graph 
 never gets a worse model than not using the graph, the trainer appends to each of its
 releases the release of the ``mlp`` extractor built from the same run config::
 
-    release(roots) = [ extractor's B x d x L'  |  MLP's B x d x L_f ]      (slices along the last axis)
+    release(roots) = [ extractor's B x d x L'  |  MLP's B x d_f x L_f as B x d x (L_f · d_f / d) ]   (slices along the last axis)
 
 The MLP reads no edge, so the appended slices cost nothing under edge-level DP and are
 trained end to end with B every step (A's optimiser updates both parts from B's gradient).
@@ -21,17 +21,29 @@ epochs), which would leave the path an MLP trained 20 epochs where the baseline 
 the path first trains alone with B, in an edge-free stage of its own (``edge-free-path``),
 for E_pre = E_mlp − E epochs (``extractor.edge_free_path_epochs`` sets another number), and the
 run's E epochs then train it on: E_mlp in all, the baseline's. The run continues the stage at both
-parties (``Stage.continues``): B's edge-free head starts from the stage's decoder and A's
-optimiser from the stage's state, so that the head, too, trains E_mlp epochs (before, it started
-afresh with the run and trained E). The charge plan is the extractor's own:
-the appended part is a function of A's features, A's parameters (updated only from B's
-gradients of charged releases) and dropout masks keyed like every other (docs/privacy.md,
-section 2.5). The whole-release test runs every registered extractor through
-:func:`build_extractor`, with its path.
+parties (``Stage.continues``): B's edge-free head starts from the stage's decoder, optimiser
+state and dropout stream, A's optimiser from the stage's state, and the run's order of the
+roots from where the stage left it, so that stage and run are one pass of E_mlp epochs.
+
+**The path is the MLP run (common random numbers).** Its settings are the ``mlp`` run's of the
+same explicit settings: where the extractor's own defaults narrowed the run (GAP's d = 16,
+progap's L = 2), the run records the baseline's for the path (``extractor.edge_free_path_dim``
+and ``_layers``, registry.with_run_defaults), and a path of width k · d goes out as k slices of d
+per layer (:meth:`WithEdgeFreePath.free_release`). Its dropout keys are its own stream
+(pmp_plugin.MlpPlugin), so it draws the MLP run's whatever the extractor draws. Built under
+the run's seed as the MLP run's model and B's decoder are, it then computes, step for step,
+what the MLP run of the same seed and secrets computes: where B keeps its head, the run scores
+exactly what the MLP run scores (tests/test_common_random_numbers.py).
+
+The charge plan is the extractor's own: the appended part is a function of A's features,
+A's parameters (updated only from B's gradients of charged releases) and dropout masks keyed
+like every other (docs/privacy.md, section 2.5). The whole-release test runs every registered
+extractor through :func:`build_extractor`, with its path.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -109,7 +121,23 @@ def build_extractor(cls: type[Extractor], setup: ExtractorSetup) -> Extractor:
             f"its edge-free path in a stage of its own; {cls.spec.name}'s path trains with its charged steps. "
             "Leave it unset"
         )
-    return WithEdgeFreePath(cls(setup), MlpPlugin(setup))
+    return WithEdgeFreePath(cls(setup), MlpPlugin(path_setup(setup)))
+
+
+def path_setup(setup: ExtractorSetup) -> ExtractorSetup:
+    """The run's set-up with the path's own layers and width (``extractor.edge_free_path_layers``
+    and ``_dim``, recorded where the extractor's defaults changed the run's: the MLP baseline's)."""
+    ex = setup.config.extractor
+    layers, dim = ex.edge_free_path_layers or ex.layers, ex.edge_free_path_dim or ex.dim
+    if dim % ex.dim:
+        raise ValueError(
+            f"extractor.edge_free_path_dim = {dim} is not a multiple of extractor.dim = {ex.dim}: the path's layers are "
+            f"released as slices of width {ex.dim}. Set a multiple of {ex.dim}, or leave it unset"
+        )
+    if (layers, dim) == (ex.layers, ex.dim):
+        return setup
+    config = setup.config.model_copy(update={"extractor": ex.model_copy(update={"layers": layers, "dim": dim})})
+    return dataclasses.replace(setup, config=config)
 
 
 def recorded_run_config(data: dict[str, Any]) -> RunConfig:
@@ -128,24 +156,44 @@ def unwrapped(extractor: Extractor) -> Extractor:
 
 
 def edge_free_layers(extractor: Extractor) -> int:
-    """L_f: how many trailing slices of each release read no edge (0: no path)."""
-    return extractor.path.output_layers if isinstance(extractor, WithEdgeFreePath) else 0
+    """How many trailing slices of each release read no edge (0: no path): L_f · d_f / d."""
+    return extractor.free_layers if isinstance(extractor, WithEdgeFreePath) else 0
 
 
 class WithEdgeFreePath(nn.Module):
-    """``inner``'s releases with ``path``'s (the MLP extractor's) appended along the layer axis."""
+    """``inner``'s releases with ``path``'s (the MLP extractor's) appended along the layer axis.
+
+    A path wider than the run's d (d_f = k · d: the MLP baseline's width where the extractor's
+    own defaults narrowed the run's, GAP's 16 against the MLP's 64) is released as k slices of d
+    per layer, in the order B's concat decoder reads a release (slice-major): its edge-free head
+    then reads the very numbers, in the very order, the MLP run's decoder reads."""
 
     def __init__(self, inner: Extractor, path: MlpPlugin) -> None:
         super().__init__()
         self.inner = inner
         self.path = path
         self.spec = inner.spec
+        self.fold = path.setup.config.extractor.dim // inner.setup.config.extractor.dim  # k
         if hasattr(inner, "prefetch"):  # pipelining (party_a.run.step_loop) only where the extractor has it
             self.prefetch = self._prefetch
 
     @property
+    def free_layers(self) -> int:
+        """The release's trailing slices that read no edge: L_f · k."""
+        return self.path.output_layers * self.fold
+
+    @property
     def output_layers(self) -> int:
-        return self.inner.output_layers + self.path.output_layers
+        return self.inner.output_layers + self.free_layers
+
+    def free_release(self, roots: torch.Tensor, kind: ReleaseKind) -> torch.Tensor:
+        """The path's B x d_f x L_f as B x d x (L_f · k): slice l·k + j holds units j·d … (j+1)·d − 1
+        of layer l, so the release read slice after slice is the path's read layer after layer."""
+        free = self.path.release(roots, kind)
+        if self.fold == 1:
+            return free
+        batch, width, layers = free.shape
+        return free.transpose(1, 2).reshape(batch, layers * self.fold, width // self.fold).transpose(1, 2)
 
     @property
     def setup(self) -> ExtractorSetup:
@@ -164,7 +212,7 @@ class WithEdgeFreePath(nn.Module):
     def path_stage(self) -> Stage | None:
         """The path's own edge-free stage (E_pre epochs of its L_f slices), or None."""
         epochs = path_stage_epochs(self.spec.cost_model, self.setup.config)
-        return Stage(name=PATH_STAGE, epochs=epochs, layers=self.path.output_layers, continues=True) if epochs else None
+        return Stage(name=PATH_STAGE, epochs=epochs, layers=self.free_layers, continues=True) if epochs else None
 
     def charge_plan(self, roots: RootPlan) -> ChargePlan:
         """The extractor's plan: the path reads no edge, so every rule stays as it is; its own
@@ -172,7 +220,8 @@ class WithEdgeFreePath(nn.Module):
         plan = self.inner.charge_plan(roots)
         stage = self.path_stage()
         details = {**plan.details, "edge_free_path": {
-            "layers": self.path.output_layers, "charged": "nothing: the MLP's layers read no edge",
+            "layers": self.free_layers, "width": self.path.setup.config.extractor.dim,
+            "charged": "nothing: the MLP's layers read no edge",
             "stage_epochs": stage.epochs if stage else 0,
         }}
         return ChargePlan(
@@ -196,13 +245,13 @@ class WithEdgeFreePath(nn.Module):
             f"the extractor's releases)"
         )
         self.path.train()
-        session.train_stage(stage, lambda roots: self.path.release(roots, "train"), self.path.trainable_parameters())
+        session.train_stage(stage, lambda roots: self.free_release(roots, "train"), self.path.trainable_parameters())
 
     def release(self, roots: torch.Tensor, kind: ReleaseKind) -> torch.Tensor:
         """[extractor's B x d x L' | MLP's B x d x L_f]: the extractor's release first, so its draws
         from A's secret generators come in the same order as without the path."""
         graph_part = self.inner.release(roots, kind)
-        free_part = self.path.release(roots, kind)
+        free_part = self.free_release(roots, kind)
         return torch.cat([graph_part.to(free_part.dtype), free_part], dim=-1)
 
     def _prefetch(self, roots: torch.Tensor) -> None:

@@ -237,6 +237,11 @@ class GapExtractor(ExtractorBase):
         return noise.draw_key() if noise.keyed and self.noise_std > 0 else None
 
     @torch.no_grad()  # no gradient may flow back through a read of A (docs/extractors/gap.md, 3.3)
+    def start_hop_engine(self) -> HopEngine:
+        """Where the hops are computed: here (``LocalHops``), or over party A's worker processes
+        when ``party_a.workers > 1`` set ``hop_engine``. The caller closes it."""
+        return self.hop_engine() if self.hop_engine is not None else LocalHops(self.noisy_hop)
+
     def release_hops(self, x0: torch.Tensor, session: PrepareSession) -> torch.Tensor:
         """[x̃_0, x̃_1, ..., x̃_K] as one [N, d, K+1] tensor; hop k is charged before any use.
 
@@ -248,7 +253,7 @@ class GapExtractor(ExtractorBase):
         out = x0.new_empty((x0.shape[0], x0.shape[1], self.hops + 1))
         x_tilde = row_normalise(x0)
         out[:, :, 0] = x_tilde
-        engine = self.hop_engine() if self.hop_engine is not None else LocalHops(self.noisy_hop)
+        engine = self.start_hop_engine()
         try:
             for k in range(1, self.hops + 1):
                 session.progress(f"gap: releasing hop {k} of {self.hops} over all {all_nodes.numel()} nodes")

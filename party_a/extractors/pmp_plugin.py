@@ -29,7 +29,7 @@ from vesper.party_a.extractors.base import (
 from vesper.party_a.extractors.pmp import BlockMessages, PmpExtractor, ReleaseInputs
 from vesper.party_a.extractors.sensitivity import charge_rule
 from vesper.party_a.graph_store import Graph
-from vesper.party_a.keyed_dropout import DropoutKey
+from vesper.party_a.keyed_dropout import DropoutKey, counter_key
 from vesper.party_a.sampler import NeighbourSampler, SampledSubgraph, draw_order_key, edgeless_subgraph
 
 _SHARED = ("layers", "dim", "encoder_hidden", "dropout", "spectral_norm", "noise_multiplier")
@@ -203,11 +203,38 @@ class PmpPlugin(ExtractorBase):
 # whole neighbourhoods give PMP more signal per release (`vesper bench snr`) but leave its encoder
 # under-trained: on Cora at ε = 4, 10 epochs at fanout 0 scored 0.39-0.57.
 class MlpPlugin(PmpPlugin):
+    """The feature-only model, run alone (the baseline) or as an extractor's edge-free path
+    (party_a.extractors.edge_free_path). Its dropout keys come from a stream of their own:
+    release r's key is ``counter_key(s, r)`` with s = ``setup.edge_free_key`` (a secret of A's,
+    party_a.run.secrets), so the path draws exactly the keys the MLP run alone would draw,
+    whatever the extractor beside it draws from the sampling generator (common random
+    numbers: where B keeps the path's head, the run scores as the MLP does, docs/utility.md,
+    section 7). s and r are buffers: checkpointed with the parameters, and handed to party A's
+    workers with the state dict. Without ``edge_free_key`` (a run recorded before it existed)
+    the keys are drawn from the sampling generator, as then."""
+
     spec: ClassVar[ExtractorSpec] = ExtractorSpec(
         name="mlp", privacy_unit="edge", cost_model="none",
         summary="encoder and L edge-free layers; reads no edges, so spends nothing (the baseline)",
         uses=_SHARED, accountings=("visible-batch", "hidden-batch"), docs="docs/extractors/pmp.md",
     )
+
+    def __init__(self, setup: ExtractorSetup) -> None:
+        super().__init__(setup)
+        self.own_stream = setup.edge_free_key is not None
+        if self.own_stream:
+            self.register_buffer("stream_key", torch.tensor(setup.edge_free_key, dtype=torch.int64))
+            self.register_buffer("stream_position", torch.zeros((), dtype=torch.int64))
+
+    def dropout_key(self) -> DropoutKey:
+        """k_r = counter_key(s, r) of the r-th release (r counted from 0 over the run), or, without
+        the stream, a key drawn from the sampling generator."""
+        if not self.own_stream:
+            return super().dropout_key()
+        release = int(self.stream_position)
+        self.stream_position += 1
+        first, second = self.stream_key.tolist()
+        return counter_key((first, second), release)
 
 
 class PmpGinPlugin(PmpPlugin):

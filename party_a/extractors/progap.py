@@ -39,7 +39,6 @@ from vesper.party_a.extractors.base import (
     Stage,
 )
 from vesper.party_a.extractors.gap import ENCODE_CHUNK, GapExtractor, row_normalise
-from vesper.party_a.extractors.gap_hops import LocalHops
 
 
 class ProgapParams(BaseModel):
@@ -118,13 +117,15 @@ class ProgapExtractor(GapExtractor):
 
     @torch.no_grad()
     def last_embedding(self, stage: int) -> torch.Tensor:
-        """h_stage for every node, in evaluation mode (no dropout), in chunks: (P-4)'s input."""
+        """h_stage for every node, in evaluation mode (no dropout), in chunks: (P-4)'s input.
+        The module's mode is left as it was."""
         nodes = torch.arange(self.setup.graph.num_nodes, device=self.setup.device)
+        was_training = self.training
         self.train(False)
         try:
             return torch.cat([self.embed(chunk, stage)[:, :, -1] for chunk in nodes.split(ENCODE_CHUNK)])
         finally:
-            self.train(True)
+            self.train(was_training)
 
     def prepare(self, session: PrepareSession) -> None:
         """Stage i, then hop i + 1 (charged before any use), for i = 0, ..., K − 1 (P-3, P-4)."""
@@ -148,7 +149,7 @@ class ProgapExtractor(GapExtractor):
         """f_hop's input from x_hop = A h̃ + N(0, σ² I) (P-4), h̃ = h / ‖h‖ (rows of norm ≤ 1 whatever
         f returned: the sensitivity √2 needs it), charged (write-ahead) before it is returned:
         x̃_hop = x_hop / ‖x_hop‖, and with ``hop_norm`` one more column, log(1 + ‖x_hop‖)."""
-        engine = self.hop_engine() if self.hop_engine is not None else LocalHops(self.noisy_hop)
+        engine = self.start_hop_engine()
         try:
             x = engine.hop(row_normalise(h), hop, self.noise_std, self.hop_key())
         finally:

@@ -103,15 +103,39 @@ def validated_params(spec: ExtractorSpec, config: RunConfig) -> BaseModel:
 
 def with_run_defaults(config: RunConfig) -> tuple[RunConfig, dict[str, Any]]:
     """``config`` with its extractor's ``run_defaults`` for every setting the run did not set
-    itself (a TOML key or a flag: pydantic's fields set), and the defaults that were applied."""
+    itself (a TOML key or a flag: pydantic's fields set), and the defaults that were applied;
+    where they narrowed the run, its edge-free path keeps the MLP baseline's (:func:`path_as_baseline`)."""
     defaults = lookup(config.extractor.name).spec.run_defaults
     applied = {dotted: value for dotted, value in defaults.items() if not _is_set(config, dotted)}
     if not applied:
         return config, {}
     data = config.model_dump(mode="json", exclude_unset=True)
-    for dotted, value in applied.items():
+    for dotted, value in {**applied, **path_as_baseline(config, applied)}.items():
         set_dotted(data, dotted, value)
     return RunConfig.model_validate(data), applied
+
+
+# the run settings an extractor's defaults may change that the edge-free path has a key of its own for
+_PATH_KEYS = {"extractor.layers": "extractor.edge_free_path_layers", "extractor.dim": "extractor.edge_free_path_dim"}
+
+
+def path_as_baseline(config: RunConfig, applied: dict[str, Any]) -> dict[str, Any]:
+    """The edge-free path's layers and width as the MLP baseline's, where the extractor's own
+    defaults (``applied``) changed the run's: the path is then the ``mlp`` run of the settings the
+    run gave (party_a.extractors.edge_free_path). ``config`` is the run's before its defaults. A
+    width that is not a multiple of the run's stays the run's (the path's slices are the run's width)."""
+    if not config.extractor.edge_free_path:
+        return {}
+    baseline = lookup("mlp").spec.run_defaults
+    keys: dict[str, Any] = {}
+    for run_key, path_key in _PATH_KEYS.items():
+        if run_key not in applied or _is_set(config, path_key):
+            continue
+        own = baseline.get(run_key, getattr(config.extractor, run_key.split(".")[1]))
+        if own == applied[run_key] or (run_key == "extractor.dim" and own % applied[run_key]):
+            continue
+        keys[path_key] = own
+    return keys
 
 
 def _is_set(model: BaseModel, dotted: str) -> bool:

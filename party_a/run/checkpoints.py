@@ -35,6 +35,8 @@ class RunCheckpoints:
         self.files.save_start({
             "run_id": self.ctx.run_id, "config": self.ctx.config.model_dump(mode="json"), "delta": delta,
             "release": release, "sampling": sampling, "noise": noise,
+            # the edge-free layers' dropout secret (SecretGenerators.edge_free): a resume draws the same keys
+            "edge_free": self.generators.edge_free,
             # keyed per-node noise (party A's workers, docs/privacy.md 2.6): a resume keeps the run's form
             "keyed_noise": self.ctx.settings.workers > 1,
         })

@@ -22,7 +22,13 @@ from vesper.party_a.extractors.base import (
 )
 from vesper.party_a.extractors.edge_free_path import build_extractor, edge_free_layers, unwrapped
 from vesper.party_a.extractors.gap import GapExtractor
-from vesper.party_a.extractors.registry import ExtractorNotFound, lookup, validated_params, with_run_defaults
+from vesper.party_a.extractors.registry import (
+    ExtractorNotFound,
+    lookup,
+    path_as_baseline,
+    validated_params,
+    with_run_defaults,
+)
 from vesper.party_a.graph_store import Graph
 from vesper.party_a.membership_audit import same_charges
 from vesper.party_a.peers import AccountantClient, LabelPartyClient, LeaseRefused, PeerError
@@ -73,6 +79,7 @@ class GraphPartyRun:
         ``dataset_path``: the file ``data`` was loaded from (needed by W > 1 workers, which map it)."""
         if resume is None:  # a resumed run has its settings, defaults applied, in its record
             try:
+                given = config
                 config, applied = with_run_defaults(config)
             except ExtractorNotFound:  # the run fails in its set-up, saying so (_build_extractor)
                 applied = {}
@@ -81,6 +88,11 @@ class GraphPartyRun:
                     f"{config.extractor.name}'s own defaults for what the run did not set: "
                     + ", ".join(f"{key}={value}" for key, value in applied.items())
                 )))
+                if path := path_as_baseline(given, applied):
+                    report(ProgressEvent("setup", message=(
+                        "its edge-free path keeps the MLP baseline's settings: "
+                        + ", ".join(f"{key}={value}" for key, value in path.items())
+                    )))
         self.config = config
         self.settings = settings
         self.data = data
@@ -180,7 +192,7 @@ class GraphPartyRun:
             roots, eval_index, note = collect(self.ctx, roots, release, extractor, self.data.shared_nodes)
             self.summary = self.summary.model_copy(update={"label_note": note})
         extractor, evaluator = self._distributed(extractor, evaluator)
-        optimizer = self._train(roots, release, extractor, preparation.continued)
+        optimizer = self._train(roots, release, extractor, preparation)
         if evaluator is not extractor:
             evaluator.load_state_dict(extractor.state_dict())
         metrics = evaluate(self.ctx, roots, release, evaluator, eval_index, self.hooks.evaluation_parts)
@@ -199,6 +211,7 @@ class GraphPartyRun:
             config=self.config, params=params, graph=self.data.graph if graph is None else graph,
             features=self.data.features, device=self.ctx.device, sampling_generator=self.generators.sampling,
             noise_generator=self.generators.noise, delta=self.delta, keyed_noise=self.keyed_noise,
+            edge_free_key=self.generators.edge_free,
         )
         return build_extractor(cls, setup)
 
@@ -232,6 +245,7 @@ class GraphPartyRun:
         setup = WorkerSetup(
             run_config_json=self.config.model_dump_json(), dataset=self.dataset_path.resolve(),
             device=str(self.ctx.device), delta=self.delta, torch_threads=self.settings.torch_threads,
+            edge_free_key=self.generators.edge_free,
         )
         if self.workers is not None:
             self.workers.close()  # a group that served the run's hops has stopped already; closing twice is safe
@@ -319,15 +333,15 @@ class GraphPartyRun:
 
     # -- training ------------------------------------------------------------------------------
     def _train(
-        self, roots: RootPlan, release: Release, extractor: Extractor, continued: list[torch.optim.Optimizer],
+        self, roots: RootPlan, release: Release, extractor: Extractor, preparation: Preparation,
     ) -> torch.optim.Optimizer | None:
         """The main training pass (from the checkpoint when resuming, else going on from the
-        ``continued`` stages' optimisers); the optimiser it trained."""
+        optimisers and the root order of the stages it continues); the optimiser it trained."""
         parameters = extractor.trainable_parameters()
         optimizer = build_optimizer(self.config.optimizer, parameters) if parameters else None
         start = self.checkpoints.restore(extractor, optimizer) if self.checkpoints.latest else None
         if start is None and optimizer is not None:
-            continue_optimiser(optimizer, continued)
+            continue_optimiser(optimizer, preparation.continued)
         if not roots.train_ids.numel():
             self.report(ProgressEvent("train", message="no training roots (no query was answered): nothing to train"))
             return optimizer
@@ -338,7 +352,7 @@ class GraphPartyRun:
             batches=getattr(extractor, "root_batches", shuffled_batches), on_step=self.hooks.on_step, start=start,
             checkpoint=lambda position: self.checkpoints.save(position, extractor, optimizer),
             prefetch=getattr(extractor, "prefetch", None) if self.settings.pipeline else None,
-            timings=self.step_timings, backward=getattr(extractor, "backward", None),
+            timings=self.step_timings, backward=getattr(extractor, "backward", None), root_order=preparation.root_order,
         )).run()
         self.step_timings.save(self.ctx.run_dir() / STEP_TIMINGS_FILE)
         return optimizer

@@ -137,6 +137,8 @@ class PredictionPass:
             config=self.config, params=validated_params(cls.spec, self.config), graph=self.data.graph,
             features=self.data.features, device=device, sampling_generator=generators.sampling,
             noise_generator=generators.noise, delta=self.record["delta"],
+            # the edge-free layers' stream as the run had it (its state comes with the saved model)
+            edge_free_key=generators.edge_free if self.record.get("edge_free") is not None else None,
         ))
         extractor.load_state_dict(self.saved["extractor"])
         extractor.load_serving_state(self.saved["serving"])

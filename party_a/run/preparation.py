@@ -30,8 +30,10 @@ class Preparation:
         self.roots = roots
         self.release = release
         self.open_session = open_session
-        # the optimisers of the completed stages the run continues (Stage.continues)
+        # the optimisers of the completed stages the run continues (Stage.continues), and where the
+        # last of them left the order of the roots: the run goes on from there, as one pass would
         self.continued: list[torch.optim.Optimizer] = []
+        self.root_order: torch.Tensor | None = None
 
     def charge_one_shot(self, index: int, node_ids: torch.Tensor) -> None:
         self.ctx.charger.charge(node_ids, self.release, "one-shot-0", "one-shot", index)
@@ -45,7 +47,9 @@ class Preparation:
         """An extractor's edge-free stage, trained with B in a session of its own.
 
         A stage the run continues (``stage.continues``) hands B's decoder to the run's edge-free
-        head when it completes, and leaves its optimiser for the run's (:func:`continue_optimiser`).
+        head when it completes, and leaves its optimiser (:func:`continue_optimiser`) and its order
+        of the roots for the run's: the stage's epochs and the run's are then one pass's, the MLP
+        baseline's (party_a.extractors.edge_free_path).
         """
         parameters = list(parameters)
         session_id = f"{self.ctx.run_id}.{stage.name}"
@@ -53,13 +57,16 @@ class Preparation:
         status, reason = "failed", "stage did not finish"
         try:
             optimizer = build_optimizer(self.ctx.config.optimizer, parameters) if parameters else None
-            StepLoop(self.ctx, TrainingPass(
+            loop = StepLoop(self.ctx, TrainingPass(
                 session_id, self.roots, self.release, release, optimizer, stage.epochs, stage.layers,
                 f"{stage.name}", f"{stage.name} epoch", edge_free=True,
-            )).run()
+            ))
+            loop.run()
             status, reason = "completed", "stage completed"
-            if stage.continues and optimizer is not None:
-                self.continued.append(optimizer)
+            if stage.continues:
+                self.root_order = loop.root_order.get_state()
+                if optimizer is not None:
+                    self.continued.append(optimizer)
         finally:
             head_to = self.ctx.run_id if stage.continues and status == "completed" else ""
             self.ctx.label_party.finish(session_id, status, reason, edge_free_head_to=head_to)

@@ -64,6 +64,9 @@ class TrainingPass:
     edge_free: bool = False  # an extractor's edge-free stage: its releases read no edge
     # back-propagates B's gradient through the release (party_a.workers: over every worker); None: in place
     backward: Callable[[torch.Tensor, torch.Tensor], None] | None = None
+    # the root-order generator's state to begin from (a stage the pass continues, Stage.continues);
+    # None: seeded with the run's seed. A ``start`` overrides it
+    root_order: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -115,12 +118,14 @@ class StepLoop:
         self.total = spec.roots.steps_per_epoch * spec.epochs
         self.step = spec.start.step if spec.start is not None else 0
         self.pending: PendingCharge | None = None
+        self.root_order = torch.Generator().manual_seed(ctx.config.seed)  # public: it orders the roots B sees
 
     def run(self) -> None:
-        spec = self.spec
-        root_order = torch.Generator().manual_seed(self.ctx.config.seed)
+        spec, root_order = self.spec, self.root_order
         if spec.start is not None:
             root_order.set_state(spec.start.root_order)
+        elif spec.root_order is not None:
+            root_order.set_state(spec.root_order)
         steps = planned_steps(
             spec.roots.train_ids, self.ctx.config.batch_size, spec.epochs, spec.batches, root_order, spec.start
         )

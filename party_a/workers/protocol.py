@@ -30,6 +30,9 @@ class WorkerSetup(BaseModel):
     device: str = Field(description="party A's device; a CUDA worker takes cuda:(rank mod GPUs)")
     delta: float
     torch_threads: int | None = None
+    edge_free_key: tuple[int, int] | None = Field(
+        None, description="the edge-free layers' dropout secret (party_a.run.secrets); its stream's position comes with the state dict",
+    )
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ class Replica:
         extractor = build_extractor(plugin, ExtractorSetup(
             config=config, params=validated_params(plugin.spec, config), graph=data.graph, features=data.features,
             device=device, sampling_generator=sampling, noise_generator=noise, delta=setup.delta, keyed_noise=True,
+            edge_free_key=setup.edge_free_key,
         ))
         return cls(extractor, rank)
 
