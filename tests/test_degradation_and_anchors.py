@@ -63,9 +63,14 @@ def test_the_verdict_says_how_many_fallback_cells_would_test_below_by_chance() -
     low = cell(MLP + _rows("vfgnn", [0.70, 0.71, 0.705, 0.70, 0.71], head="edge-free"), "cora", "vfgnn", 4.0)
     mixed = cell(MLP + _rows("pmp-gcn", [0.8, 0.81], head="graph"), "cora", "pmp-gcn", 4.0)
     (note, _) = chance_note([*fallback, low, mixed])
-    assert "in 4 of the measured cells B kept the edge-free head in every run" in note
+    assert "in 4 of the measured cells B kept the edge-free head in every run, but its runs are not" in note
     assert "about 0.2 of them would test below" in note and "1 of them are below" in note
     assert chance_note([mixed]) == []
+    # common random numbers: the fallback cell's runs are the MLP's own, value for value
+    same = cell(MLP + _rows("gap", [0.742, 0.74, 0.745, 0.748, 0.75], head="edge-free"), "cora", "gap", 4.0)
+    (note, _) = chance_note([same, low])
+    assert note.startswith("In 1 of the measured cells B kept the edge-free head in every run and the cell's test")
+    assert "none of them can test below. 0 of them are below." in note and "Chance: in 1 of" in note
 
 
 def test_the_published_anchors_file_is_valid_and_names_every_source() -> None:
