@@ -184,3 +184,81 @@ def chance_note(measured: Sequence[DegradationCell]) -> list[str]:
             f"{sum(c.below for c in other)} of them are below."
         )
     return [" ".join(lines), ""]
+
+
+def command_line(options: UtilityOptions) -> str:
+    """The command that reproduces this table, flag by flag."""
+    parts = [
+        "vesper bench degradation", *(f"--dataset {d}" for d in options.datasets),
+        *(f"--extractor {e}" for e in options.extractors if e != BASELINE),
+        *(f"--epsilon {'inf' if math.isinf(e) else f'{e:g}'}" for e in options.epsilons),
+        f"--seeds {options.seeds}", f"--epochs {options.base.epochs}", f"--jobs {options.jobs}",
+    ]
+    if any(d in SYNTHETIC_PROFILES for d in options.datasets):
+        parts.append(f"--synthetic-nodes {options.synthetic_nodes}")
+    return " ".join(parts + (["--in-process"] if options.in_process else []))
+
+
+def edge_level_extractors() -> list[str]:
+    """Every installed edge-level extractor, the MLP first."""
+    from vesper.party_a.extractors.registry import installed
+
+    names = [entry.name for entry in installed() if entry.extractor is not None]
+    return [BASELINE, *(n for n in names if n != BASELINE and registry_traits(n).privacy_unit == "edge")]
+
+
+def degradation_command(
+    dataset: Optional[list[str]] = typer.Option(
+        None, "--dataset", help="Graphs (repeat; default cora, tolokers, twitch-engb and the three synthetic ones)."
+    ),
+    extractor: Optional[list[str]] = typer.Option(
+        None, "--extractor", help="Edge-level extractors (repeat; default every one installed; the MLP is always run)."
+    ),
+    epsilon: Optional[list[str]] = typer.Option(None, "--epsilon", help="Budgets (repeat; default 1 4 8 inf)."),
+    seeds: int = typer.Option(5, "--seeds", help="Seeds per cell.", min=2),
+    epochs: Optional[int] = typer.Option(None, "--epochs", help="Training epochs (default: the run's, 50).", min=1),
+    jobs: int = typer.Option(1, "--jobs", help="Runs at a time.", min=1),
+    in_process: bool = typer.Option(False, "--in-process", help="A, B and the accountant in this process."),
+    out: Path = typer.Option(Path("bench/degradation"), "--out", help="results.csv and degradation.md go here."),
+    synthetic_nodes: int = typer.Option(SYNTHETIC_NODES, "--synthetic-nodes", min=100),
+    report_only: bool = typer.Option(False, "--report-only", help="Write the table from OUT/results.csv; run nothing."),
+    update: Optional[Path] = typer.Option(
+        None, "--update", help=f"Also replace the {BEGIN} … {END} section of this file (e.g. docs/utility.md)."
+    ),
+) -> None:
+    """Is any edge-level extractor significantly below the MLP? (issue #21's degradation rule)
+
+    Runs the grid (resumable: finished runs in OUT/results.csv are kept) and writes
+    OUT/degradation.md: per graph and ε, each extractor against the MLP by Welch's
+    one-sided test over seeds, and which head B kept in how many runs.
+    """
+    from vesper.benchmarks.harness import parse_epsilons
+    from vesper.benchmarks.utility_bench import _run_or_exit, base_run
+    from vesper.benchmarks.utility_datasets import resolve_datasets
+
+    names = list(dict.fromkeys([BASELINE, *(extractor or edge_level_extractors())]))
+    options = UtilityOptions(
+        datasets=list(dict.fromkeys(dataset or DEGRADATION_DATASETS)), extractors=names, decoders=["concat"],
+        epsilons=parse_epsilons(epsilon) if epsilon else list(DEGRADATION_EPSILONS), accountings=["visible-batch"],
+        seeds=seeds, base=base_run(None, epochs), jobs=jobs, in_process=in_process, out=out,
+        synthetic_nodes=synthetic_nodes,
+    )
+    if report_only:
+        from vesper.benchmarks.extractor_table import read_rows
+
+        rows = read_rows(out / "results.csv")
+        labels = [d.label for d in resolve_datasets(options.datasets, out / "data", synthetic_nodes, set(), console)]
+    else:
+        run = _run_or_exit(options)
+        rows, labels = run.rows, [d.label for d in run.datasets]
+    text = markdown(cells(rows, labels, names, options.epsilons), options, labels)
+    (out / "degradation.md").write_text(text + "\n")
+    if update is not None:
+        from vesper.benchmarks.doc_sections import DocSectionError, replace_section
+
+        try:
+            update.write_text(replace_section(update.read_text(), text, BEGIN, END))
+        except DocSectionError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--update") from None
+    console.print(text, highlight=False)
+    console.print(f"wrote {out / 'degradation.md'}" + (f" and updated {update}" if update else ""), highlight=False)
