@@ -120,6 +120,24 @@ def test_the_path_draws_the_mlp_run_s_dropout_keys_whatever_the_extractor_draws(
         assert not torch.equal(other.release(batches[0], "train"), first.release(batches[0], "train"))
 
 
+def test_the_stream_s_secret_is_kept_for_a_resume_and_a_run_recorded_before_it_keeps_its_keys() -> None:
+    """SecretGenerators.edge_free: drawn under its own label, from the resume record on resume;
+    a record without it (a run begun before the stream) resumes with the sampling generator's
+    keys and no stream buffers, so its checkpoints load."""
+    from vesper.common.config import PartyAConfig
+    from vesper.party_a.run.secrets import SecretGenerators
+
+    cpu = torch.device("cpu")
+    fresh = SecretGenerators(PartyAConfig(), 3, cpu)  # no secret_seed: OS randomness
+    assert fresh.edge_free is not None and fresh.edge_free != SecretGenerators(PartyAConfig(), 3, cpu).edge_free
+    record = {"sampling": fresh.sampling.get_state(), "noise": fresh.noise.get_state()}
+    assert SecretGenerators(PartyAConfig(), 3, cpu, {**record, "edge_free": fresh.edge_free}).edge_free == fresh.edge_free
+    assert SecretGenerators(PartyAConfig(), 3, cpu, record).edge_free is None
+    legacy = build_extractor(lookup("pmp-gcn"), _setup("pmp-gcn"))
+    assert not any("stream" in key for key in legacy.state_dict())
+    build_extractor(lookup("pmp-gcn"), _setup("pmp-gcn")).load_state_dict(legacy.state_dict())
+
+
 def test_a_path_wider_than_the_run_is_released_as_slices_b_s_concat_decoder_reads_as_the_mlp_s() -> None:
     """d_f = 2 d: each layer of the path goes out as 2 slices of d, and B's concat decoder reads
     the very vector the MLP run's decoder reads (same numbers, same order, same first layer)."""
