@@ -36,7 +36,7 @@ from whole_release import (
 from vesper.common.config import ExtractorConfig, PrivacyConfig, RunConfig
 from vesper.party_a.extractors.base import Extractor, RootPlan
 from vesper.party_a.extractors.pmp_plugin import PmpGcnPlugin, PmpGinPlugin
-from vesper.party_a.extractors.registry import installed
+from vesper.party_a.extractors.registry import installed, lookup
 from vesper.party_a.keyed_dropout import KeyedDropout, draw_dropout_key, keep_mask
 
 NUM_NODES, WIDTH = 40, 10
@@ -131,6 +131,19 @@ def test_a_secret_edge_sample_keeps_the_whole_release_coupled(name: str) -> None
         "extractor": config.extractor.model_copy(update={"layers": 1}),
     })
     assert violations(PmpGinPlugin if name == "pmp-gin" else PmpGcnPlugin, name, config) == {}
+
+
+@pytest.mark.parametrize("name", ["gap", "pmp-gcn"])
+def test_a_path_wider_than_the_run_keeps_the_whole_release_coupled(name: str) -> None:
+    """extractor.edge_free_path_dim = 2 d: the MLP's layers go out as twice as many slices of d
+    (party_a.extractors.edge_free_path, GAP's default against the MLP's width), GAP's with its stage."""
+    config = config_for(name)
+    config = config.model_copy(update={
+        "epochs": 1, "extractor": config.extractor.model_copy(update={"edge_free_path_dim": 12, "edge_free_path_epochs": 1}),
+    }) if name == "gap" else config.model_copy(update={
+        "extractor": config.extractor.model_copy(update={"edge_free_path_dim": 12}),
+    })
+    assert violations(lookup(name), name, config) == {}
 
 
 @pytest.mark.parametrize("plugin", [PmpGinPlugin, PmpGcnPlugin], ids=["pmp-gin", "pmp-gcn"])
