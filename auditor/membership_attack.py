@@ -38,6 +38,7 @@ from torch import nn
 from vesper.auditor.received_releases import ReceivedReleases
 from vesper.common.config import DecoderConfig, OptimizerConfig
 from vesper.common.optim import build_optimizer
+from vesper.common.seeded_init import seeded
 from vesper.party_b.decoders import build_decoder
 from vesper.party_b.metrics import roc_auc
 from vesper.party_b.release_record import SPLIT_CODES
@@ -134,8 +135,7 @@ def train_shadow_decoder(
     _, dim, layers = embeddings.shape
     x = torch.from_numpy(np.ascontiguousarray(embeddings, dtype=np.float32))
     y = torch.from_numpy(np.asarray(labels, dtype=np.int64))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded(seed):
         model = build_decoder(decoder, dim, layers, num_classes)
         opt = build_optimizer(optimizer, model.parameters())
         model.train()
@@ -160,8 +160,7 @@ def train_attack_model(features: np.ndarray, is_in: np.ndarray, seed: int) -> nn
     cross-entropy on the shadow model's answers (in = 1, out = 0), full batch."""
     x = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))
     y = torch.from_numpy(np.asarray(is_in, dtype=np.float32))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded(seed):
         model = nn.Sequential(
             nn.Linear(x.shape[1], ATTACK_HIDDEN), nn.ReLU(),
             nn.Linear(ATTACK_HIDDEN, ATTACK_HIDDEN), nn.ReLU(),

@@ -15,7 +15,8 @@ count (another count adds parallel reductions in another order; the services tak
 from OMP_NUM_THREADS or the cores, this process from ``torch.set_num_threads``). Dropout
 draws from nothing process-wide: A's is keyed (party_a/keyed_dropout.py), B's has a
 generator seeded per run (party_b/seeded_dropout.py), so concurrent ``drive`` calls do not
-share a stream.
+share a stream; and both parties build their initial parameters under the run's seed one
+build at a time (common/seeded_init.py: two jobs building at once took each other's draws).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 seeds it at random in every process): two runs with the same seeds then differ by
 their dropout masks, and two runs sharing a process share one stream. Each
 ``SeededDropout`` takes its seed from torch's RNG when it is built — B builds its decoder
-inside ``fork_rng`` + ``manual_seed(config.seed)`` — and keeps a generator of its own,
+under ``common.seeded_init.seeded(config.seed)`` — and keeps a generator of its own,
 made on the device of the first input it sees.
 
 Only B uses it: B's decoder reads no edge, so a stream seeded from the public seed leaks

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from vesper.common.config import DecoderConfig, LabelPrivacyConfig, OptimizerConfig
 from vesper.common.optim import build_optimizer, carry_state
+from vesper.common.seeded_init import seeded
 from vesper.common.wire import WireDType, node_mask
 from vesper.party_b.decoders import HEADS, FallbackDecoder, build_decoder
 from vesper.party_b.head_choice import BASE_HEAD, choose_head
@@ -82,8 +83,7 @@ class LabelSession:
         self.guard = guard or LabelGuard(run_id, LabelPrivacyConfig(), store, torch.Generator())
         self.dim, self.layers, self.wire_dtype = dim, layers, wire_dtype
         self.device = device
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with seeded(seed):
             self.decoder = build_decoder(decoder, dim, layers, store.num_classes, edge_free_layers).to(device)
         self.optimizer = build_optimizer(optimizer, self.decoder.parameters())
         self.labels = store.labels.to(device)  # the truth, for metrics on held-out nodes only

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from vesper.common.privacy.ledger import PlanRule
+from vesper.common.seeded_init import seeded
 from vesper.party_a.encoder import MlpEncoder
 from vesper.party_a.extractors.appr import Sensitivity, TopK, edge_level_sensitivity, private_top_k
 from vesper.party_a.extractors.base import (
@@ -131,8 +132,7 @@ class DparEdgeExtractor(ExtractorBase):
             # projection one edge changes up to three (edges_changed=3), for no benefit here
             raise ValueError("extractor dpar-edge reads the whole graph and needs no degree bound: set extractor.degree_bound to 0")
         self.params: DparEdgeParams = setup.params  # type: ignore[assignment]
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(setup.config.seed)
+        with seeded(setup.config.seed):
             self.encoder = MlpEncoder(setup.features.shape[1], ex.encoder_hidden, ex.dim, ex.dropout).to(setup.device)
         self.sources: torch.Tensor | None = None
         self.sensitivity: Sensitivity | None = None

@@ -51,6 +51,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from vesper.common.privacy.ledger import PlanRule
+from vesper.common.seeded_init import seeded
 from vesper.party_a.extractors import appr
 from vesper.party_a.extractors.base import (
     ChargePlan,
@@ -434,8 +435,7 @@ class DparNodeExtractor(ExtractorBase):
         # an absent node (the neighbouring graph's removed record) has no features: embedding 0
         self.present = torch.isfinite(setup.features).all(dim=1)
         features = torch.where(self.present[:, None], setup.features, torch.zeros_like(setup.features))
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(setup.config.seed)  # public: B may know the initialisation
+        with seeded(setup.config.seed):  # public: B may know the initialisation
             self.features = random_projection(features, self.params.input_projection)
             self.encoder = NodeEncoder(self.features.shape[1], ex.encoder_hidden, ex.dim).to(
                 device=setup.device, dtype=setup.features.dtype

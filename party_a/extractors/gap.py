@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from vesper.common.privacy.ledger import PlanRule
+from vesper.common.seeded_init import seeded
 from vesper.party_a.encoder import MlpEncoder
 from vesper.party_a.extractors.base import (
     ChargePlan,
@@ -146,8 +147,7 @@ class GapExtractor(ExtractorBase):
             )
         self.params: GapParams = setup.params  # type: ignore[assignment]
         self.hops = ex.layers  # K
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(setup.config.seed)
+        with seeded(setup.config.seed):
             self.encoder = MlpEncoder(setup.features.shape[1], ex.encoder_hidden, ex.dim, ex.dropout).to(setup.device)
         self.noise_std = 0.0
         self.released: torch.Tensor | None = None  # [N, d, K+1]: x̃_0 and the charged hops

@@ -44,6 +44,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from vesper.common.privacy.ledger import PlanRule
+from vesper.common.seeded_init import seeded
 from vesper.party_a.extractors.base import (
     ChargePlan,
     ExtractorBase,
@@ -241,8 +242,7 @@ class HeterPoissonExtractor(ExtractorBase):
         # the degree table of the whole graph: public, and the same in both neighbouring graphs
         self.degrees = setup.graph.degree
         self.coins = secret_coins(setup.sampling_generator)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(setup.config.seed)  # public: B may know the initialisation
+        with seeded(setup.config.seed):  # public: B may know the initialisation
             self.features = random_projection(setup.features, self.params.input_projection)
             self.encoder = SubgraphEncoder(
                 self.features.shape[1], ex.encoder_hidden, ex.dim, self.params.embedding_clip

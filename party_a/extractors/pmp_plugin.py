@@ -16,6 +16,7 @@ import torch
 
 from vesper.common.privacy.hidden_batch_reproduction import theorem21_gamma
 from vesper.common.privacy.ledger import PlanRule
+from vesper.common.seeded_init import seeded
 from vesper.party_a.degree_projection import project_degree
 from vesper.party_a.edge_sampling import EdgeSubsampler
 from vesper.party_a.extractors.base import (
@@ -68,8 +69,7 @@ class PmpPlugin(ExtractorBase):
         )
         self.edge_rate = setup.config.privacy.edge_sample_rate if self.aggregates else 0.0
         self._edge_subsampler: EdgeSubsampler | None = None
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(setup.config.seed)
+        with seeded(setup.config.seed):
             self.model = PmpExtractor(
                 ex.model_copy(update={"name": self.spec.name}), setup.features.shape[1],
                 self.capped_degree(self.graph) if self.aggregates else None,

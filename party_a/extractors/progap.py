@@ -28,6 +28,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from vesper.common.seeded_init import seeded
 from vesper.party_a.encoder import MlpEncoder
 from vesper.party_a.extractors.base import (
     ChargePlan,
@@ -77,8 +78,7 @@ class ProgapExtractor(GapExtractor):
         self.params: ProgapParams = setup.params  # type: ignore[assignment]
         ex = setup.config.extractor
         self.hop_width = ex.dim + int(self.params.hop_norm)  # what f_k reads of hop k: x̃_k (and its log-norm)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(setup.config.seed + 1)
+        with seeded(setup.config.seed + 1):
             self.bases = nn.ModuleList(
                 MlpEncoder(self.hop_width, ex.encoder_hidden, ex.dim, ex.dropout) for _ in range(self.hops)
             ).to(setup.device)

@@ -40,6 +40,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from vesper.common.privacy.ledger import PlanRule
+from vesper.common.seeded_init import seeded
 from vesper.party_a.extractors.base import (
     ChargePlan,
     ExtractorBase,
@@ -427,8 +428,7 @@ class RelationalPretraining:
         ex = setup.config.extractor
         self.setup, self.params, self.name = setup, params, name
         self.schedule = pretraining_schedule(params, setup.config.privacy.edge_bound, setup.graph.num_nodes)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(setup.config.seed)  # public: B may know Θ_0
+        with seeded(setup.config.seed):  # public: B may know Θ_0
             backbone = ENCODERS[params.encoder](setup.features.shape[1], ex.encoder_hidden, ex.dim)
         self.encoder = RelationalEncoder(backbone).to(device=setup.device, dtype=setup.features.dtype)
         self.candidates = edge_candidates(setup.graph) if self.schedule.releases else torch.empty(0, 2)

@@ -45,6 +45,7 @@ from torch import nn
 
 from vesper.common.privacy.hidden_batch_reproduction import participation_count, theorem21_gamma
 from vesper.common.privacy.ledger import PlanRule
+from vesper.common.seeded_init import seeded
 from vesper.party_a.degree_projection import project_degree
 from vesper.party_a.encoder import MlpEncoder
 from vesper.party_a.extractors.base import (
@@ -284,8 +285,7 @@ class VfgnnExtractor(ExtractorBase):
             self.graph = project_degree(setup.graph, ex.degree_bound, (seed[0], seed[1]))
         self.fanout = 0 if ex.degree_bound > 0 else ex.fanout  # a projection is read whole
         self.sampler = NeighbourSampler(self.graph, self.fanout, ex.layers, draw_order_key(setup.sampling_generator, self.fanout))
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(setup.config.seed)
+        with seeded(setup.config.seed):
             self.encoder = MlpEncoder(setup.features.shape[1], ex.encoder_hidden, ex.dim, ex.dropout).to(setup.device)
         if not self.params.self_slice:
             # no edge-free path to train it through: frozen at its (graph-free) initialisation
