@@ -57,6 +57,13 @@ def test_every_declared_default_is_a_valid_setting_and_the_benchmarks_use_them()
         for dotted, value in spec.run_defaults.items():
             section, _, key = dotted.rpartition(".")
             assert getattr(getattr(cell, section) if section else cell, key) == value
+        # and the edge-free path's settings, as party A records them where it applies the defaults
+        assert (cell.extractor.edge_free_path_layers, cell.extractor.edge_free_path_dim) == (
+            config.extractor.edge_free_path_layers, config.extractor.edge_free_path_dim,
+        ), spec.name
+    gap = run_config(RunConfig(epochs=50), "cora", "gap", seed=0)
+    assert (gap.epochs, gap.extractor.dim, gap.extractor.edge_free_path_dim) == (20, 16, 64)
+    assert run_config(RunConfig(), "cora", "progap", seed=0).extractor.edge_free_path_layers == 1
 
 
 @pytest.mark.e2e
