@@ -36,12 +36,14 @@ class SecretGenerators:
         base = secret_base(settings.secret_seed, run_seed) ^ label
         self.sampling = torch.Generator().manual_seed(base)
         self.noise = torch.Generator(device=device).manual_seed(base ^ _NOISE_LABEL)
-        self.edge_free: tuple[int, int] | None = draw_dropout_key(torch.Generator().manual_seed(base ^ _EDGE_FREE_LABEL))
+        self.edge_free: tuple[int, int] | None
         if resume:
             self.sampling.set_state(resume["sampling"])
             self.noise.set_state(resume["noise"])
             recorded = resume.get("edge_free")
             self.edge_free = None if recorded is None else (int(recorded[0]), int(recorded[1]))
+        else:
+            self.edge_free = draw_dropout_key(torch.Generator().manual_seed(base ^ _EDGE_FREE_LABEL))
         self.initial = (self.sampling.get_state(), self.noise.get_state())
 
     def state(self) -> tuple[torch.Tensor, torch.Tensor]:
