@@ -127,12 +127,12 @@ def cell_config(
     base: RunConfig, dataset: str, extractor: str, accounting: str, epsilon: float, seed: int, *,
     canaries: int = 0, membership: bool = False,
 ) -> RunConfig:
-    from vesper.benchmarks.extractor_table import RECIPES
+    from vesper.benchmarks.extractor_table import recipe_settings
 
     data = base.model_dump(mode="json")
     data.update({"dataset": dataset, "seed": seed})
     data["extractor"].update({"name": extractor, "params": {}})
-    for dotted, value in RECIPES.get(extractor, {}).items():
+    for dotted, value in recipe_settings(base, extractor).items():
         set_dotted(data, dotted, value)
     data["privacy"].update({"epsilon": epsilon, "accounting": accounting})
     data["audit"] = {"canaries": canaries, "canary_seed": seed, "membership": membership, "record_releases": True}

@@ -70,22 +70,27 @@ def dataset_label(dataset: str) -> str:
     return Path(dataset).stem if dataset.endswith(".npz") else dataset
 
 
-def run_config(base: RunConfig, dataset: str, extractor: str, seed: int, decoder: str | None = None) -> RunConfig:
-    """``base`` with the cell's dataset, extractor, its recipe, seed and (if given) decoder. The
-    recipe is the extractor's own defaults, set here (the base's --epochs would win over them at
-    party A), so the edge-free path's settings are recorded here too, as party A records them
-    where it applies the defaults itself (registry.path_as_baseline: GAP's path keeps the MLP's d)."""
-    from vesper.party_a.extractors.registry import path_as_baseline
+def recipe_settings(base: RunConfig, extractor: str) -> dict[str, Any]:
+    """The dotted settings a benchmark cell of ``extractor`` writes over ``base``: the extractor's
+    recipe (its own defaults, set here because the base's --epochs would win over them at party A)
+    and the edge-free path's settings party A records with them where it applies the defaults itself
+    (registry.defaults_to_apply: GAP's path keeps the MLP's d)."""
+    from vesper.party_a.extractors.registry import defaults_to_apply
 
+    given = base.model_dump(mode="json", exclude_unset=True)
+    given["extractor"] = {**given.get("extractor", {}), "name": extractor}
+    return defaults_to_apply(RunConfig.model_validate(given), RECIPES.get(extractor, {})).settings
+
+
+def run_config(base: RunConfig, dataset: str, extractor: str, seed: int, decoder: str | None = None) -> RunConfig:
+    """``base`` with the cell's dataset, extractor, its recipe (:func:`recipe_settings`), seed and
+    (if given) decoder."""
     data = base.model_dump(mode="json")
     data.update({"dataset": dataset, "seed": seed})
     data["extractor"].update({"name": extractor, "params": {}})
     if decoder is not None:
         data["decoder"]["kind"] = decoder
-    recipe = RECIPES.get(extractor, {})
-    given = base.model_dump(mode="json", exclude_unset=True)
-    given["extractor"] = {**given.get("extractor", {}), "name": extractor}
-    for dotted, value in {**recipe, **path_as_baseline(RunConfig.model_validate(given), recipe)}.items():
+    for dotted, value in recipe_settings(base, extractor).items():
         set_dotted(data, dotted, value)
     return with_published_edge_bound(RunConfig.model_validate(data))
 

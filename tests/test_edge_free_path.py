@@ -184,6 +184,7 @@ def test_where_an_extractor_s_defaults_narrow_the_run_its_path_keeps_the_mlp_s_s
     assert path({"name": "gap", "edge_free_path": False}) == (None, None)
     assert path({"name": "gap", "edge_free_path_dim": 16}) == (None, 16)  # set by the run: kept
     assert path({"name": "pmp-gcn"}) == (None, None)
+    assert path({"name": "heterpoisson"}) == (None, None)  # node-level: it carries no path at all
 
 
 def test_b_s_gradient_trains_the_path_even_when_the_extractor_trains_nothing() -> None:

@@ -9,13 +9,14 @@ import pytest
 
 from vesper.common.config import RunConfig
 from vesper.party_a.extractors.edge_free_path import baseline_epochs
-from vesper.party_a.extractors.registry import installed, lookup, with_run_defaults
+from vesper.party_a.extractors.registry import AppliedDefaults, installed, lookup, with_run_defaults
 
 
 def test_defaults_fill_only_what_the_run_did_not_set() -> None:
     bare = RunConfig.model_validate({"dataset": "cora", "extractor": {"name": "gap"}})
     config, applied = with_run_defaults(bare)
-    assert applied == {"extractor.layers": 1, "epochs": 20, "extractor.dim": 16}
+    assert applied.own == {"extractor.layers": 1, "epochs": 20, "extractor.dim": 16}
+    assert applied.path == {"extractor.edge_free_path_dim": 64}  # the MLP baseline's d
     assert config.epochs == 20 and config.extractor.layers == 1 and config.extractor.name == "gap"
     assert config.extractor.dim == 16
     # a flag or TOML key wins, even one equal to RunConfig's own default
@@ -23,10 +24,11 @@ def test_defaults_fill_only_what_the_run_did_not_set() -> None:
         {"dataset": "cora", "epochs": 50, "extractor": {"name": "gap", "layers": 3, "dim": 64}}
     )
     config, applied = with_run_defaults(explicit)
-    assert applied == {} and config.epochs == 50 and config.extractor.layers == 3 and config.extractor.dim == 64
+    assert applied == AppliedDefaults()
+    assert config.epochs == 50 and config.extractor.layers == 3 and config.extractor.dim == 64
     half = RunConfig.model_validate({"dataset": "cora", "extractor": {"name": "gap", "layers": 2}})
     config, applied = with_run_defaults(half)
-    assert applied == {"epochs": 20, "extractor.dim": 16} and config.extractor.layers == 2
+    assert applied.own == {"epochs": 20, "extractor.dim": 16} and config.extractor.layers == 2
     # and what a default does not name keeps RunConfig's default
     assert config.batch_size == RunConfig().batch_size
 
@@ -35,13 +37,13 @@ def test_relational_gap_releases_gap_width_hops() -> None:
     """relational-gap's hops are GAP's, and so is their width: d = 16 (docs/utility.md, section 9)."""
     bare = RunConfig.model_validate({"dataset": "tolokers", "extractor": {"name": "relational-gap"}})
     config, applied = with_run_defaults(bare)
-    assert applied == {"extractor.layers": 1, "epochs": 20, "extractor.dim": 16}
+    assert applied.own == {"extractor.layers": 1, "epochs": 20, "extractor.dim": 16}
     assert config.extractor.dim == 16
 
 
 def test_an_extractor_without_defaults_leaves_the_run_as_it_is() -> None:
     config = RunConfig.model_validate({"dataset": "cora", "extractor": {"name": "pmp-gcn"}})
-    assert with_run_defaults(config) == (config, {})
+    assert with_run_defaults(config) == (config, AppliedDefaults())
 
 
 def test_every_declared_default_is_a_valid_setting_and_the_benchmarks_use_them() -> None:
@@ -51,7 +53,7 @@ def test_every_declared_default_is_a_valid_setting_and_the_benchmarks_use_them()
         assert found.extractor is not None, found.error
         spec = found.extractor.spec
         config, applied = with_run_defaults(RunConfig.model_validate({"extractor": {"name": spec.name}}))
-        assert applied == spec.run_defaults  # each key names a real setting and validates
+        assert applied.own == spec.run_defaults  # each key names a real setting and validates
         assert RECIPES[spec.name] == spec.run_defaults
         cell = run_config(RunConfig(), "cora", spec.name, seed=0)
         for dotted, value in spec.run_defaults.items():
@@ -64,6 +66,11 @@ def test_every_declared_default_is_a_valid_setting_and_the_benchmarks_use_them()
     gap = run_config(RunConfig(epochs=50), "cora", "gap", seed=0)
     assert (gap.epochs, gap.extractor.dim, gap.extractor.edge_free_path_dim) == (20, 16, 64)
     assert run_config(RunConfig(), "cora", "progap", seed=0).extractor.edge_free_path_layers == 1
+    # the audit benchmark's cells take the same settings
+    from vesper.benchmarks.audit_bench import cell_config
+
+    audit = cell_config(RunConfig(), "cora", "gap", "visible-batch", 4.0, seed=0)
+    assert (audit.epochs, audit.extractor.dim, audit.extractor.edge_free_path_dim) == (20, 16, 64)
 
 
 @pytest.mark.e2e

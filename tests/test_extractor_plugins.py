@@ -95,6 +95,9 @@ def test_cli_lists_extractors_with_their_parameters(plugin_path: Path) -> None:
         {"name": "scale", "default": "1.0", "description": "multiplies the projection before normalising"}
     ]
     assert BUILTIN <= set(listed) and listed["pmp-gcn"]["cost_model"] == "per-step"
+    # with GAP's own d = 16, its edge-free path keeps the MLP baseline's d = 64
+    assert listed["gap"]["edge_free_path_defaults"] == {"extractor.edge_free_path_dim": 64}
+    assert listed["pmp-gcn"]["edge_free_path_defaults"] == example["edge_free_path_defaults"] == {}
     # without the package on the path, it is simply not there
     code, output = vesper("extractors")
     assert code == 0 and "pmp-gcn" in output and "example-random-features" not in output

@@ -22,7 +22,7 @@ def extractors_command(
     Party A runs the extractor, so what counts is what is installed where A runs; a
     third-party package adds one under the `vesper.extractors` entry-point group.
     """
-    from vesper.party_a.extractors.registry import describe_params, installed
+    from vesper.party_a.extractors.registry import describe_params, installed, path_defaults
 
     found = installed()
     if as_json:
@@ -37,6 +37,7 @@ def extractors_command(
                     "privacy_unit": spec.privacy_unit, "cost_model": spec.cost_model, "summary": spec.summary,
                     "accountings": list(spec.accountings), "edge_sampling": spec.edge_sampling,
                     "uses": list(spec.uses), "docs": spec.docs, "run_defaults": spec.run_defaults,
+                    "edge_free_path_defaults": path_defaults(spec.name),
                     "params": [{"name": n, "default": d, "description": t} for n, d, t in describe_params(spec.params)],
                 })
             rows.append(row)
@@ -63,5 +64,8 @@ def extractors_command(
         if spec.run_defaults:
             defaults = ", ".join(f"{key}={value}" for key, value in spec.run_defaults.items())
             console.print(f"  its defaults, for what a run does not set: {defaults}", highlight=False)
+        if path := path_defaults(spec.name):
+            keys = ", ".join(f"{key}={value}" for key, value in path.items())
+            console.print(f"  with them its edge-free path keeps the MLP baseline's: {keys}", highlight=False)
         for name, default, description in describe_params(spec.params):
             console.print(f"  --param {name}=…  (default {default}) {description}", highlight=False)

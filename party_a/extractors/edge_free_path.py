@@ -73,7 +73,12 @@ def wants_path(cls: type[Extractor], setup: ExtractorSetup) -> bool:
     statistics are the extractor's mechanism outputs, slice for slice, and the path reads no
     edge (docs/privacy.md, section 2.5), so it carries nothing a canary could be found by.
     """
-    spec, config = cls.spec, setup.config
+    return carries_path(cls, setup.config)
+
+
+def carries_path(cls: type[Extractor], config: RunConfig) -> bool:
+    """:func:`wants_path` for a run's config (registry.path_as_baseline asks before the set-up)."""
+    spec = cls.spec
     return (
         config.extractor.edge_free_path and not config.audit.canaries
         and spec.privacy_unit == "edge" and spec.cost_model != "none"

@@ -13,7 +13,7 @@ others.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
@@ -101,18 +101,48 @@ def validated_params(spec: ExtractorSpec, config: RunConfig) -> BaseModel:
         raise ValueError(f"bad parameters for extractor {spec.name}: {problems}") from None
 
 
-def with_run_defaults(config: RunConfig) -> tuple[RunConfig, dict[str, Any]]:
+@dataclass(frozen=True)
+class AppliedDefaults:
+    """What a run took from its extractor: ``own``, the extractor's ``run_defaults`` the run did
+    not set itself (or a benchmark's recipe standing for them), and ``path``, the edge-free path's
+    settings recorded with them where they narrowed the run (:func:`path_as_baseline`)."""
+
+    own: dict[str, Any] = field(default_factory=dict)
+    path: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """Every dotted setting to write into the run's config."""
+        return {**self.own, **self.path}
+
+
+def defaults_to_apply(config: RunConfig, own: dict[str, Any]) -> AppliedDefaults:
+    """``own`` and the edge-free path's settings that go with it, for the run ``config`` (its
+    settings before the defaults: what it set itself wins)."""
+    return AppliedDefaults(dict(own), path_as_baseline(config, own) if own else {})
+
+
+def with_run_defaults(config: RunConfig) -> tuple[RunConfig, AppliedDefaults]:
     """``config`` with its extractor's ``run_defaults`` for every setting the run did not set
-    itself (a TOML key or a flag: pydantic's fields set), and the defaults that were applied;
-    where they narrowed the run, its edge-free path keeps the MLP baseline's (:func:`path_as_baseline`)."""
+    itself (a TOML key or a flag: pydantic's fields set), and what was applied; where they
+    narrowed the run, its edge-free path keeps the MLP baseline's (:func:`path_as_baseline`)."""
     defaults = lookup(config.extractor.name).spec.run_defaults
-    applied = {dotted: value for dotted, value in defaults.items() if not _is_set(config, dotted)}
-    if not applied:
-        return config, {}
+    applied = defaults_to_apply(config, {k: v for k, v in defaults.items() if not _is_set(config, k)})
+    if not applied.own:
+        return config, applied
     data = config.model_dump(mode="json", exclude_unset=True)
-    for dotted, value in {**applied, **path_as_baseline(config, applied)}.items():
+    for dotted, value in applied.settings.items():
         set_dotted(data, dotted, value)
     return RunConfig.model_validate(data), applied
+
+
+def path_defaults(name: str) -> dict[str, Any]:
+    """The edge-free path's settings a run of extractor ``name`` records when it sets nothing
+    itself (for ``vesper extractors``; none where its declared defaults do not validate)."""
+    try:
+        return with_run_defaults(RunConfig.model_validate({"extractor": {"name": name}}))[1].path
+    except ValueError:  # pydantic's ValidationError included: the listing still lists it
+        return {}
 
 
 # the run settings an extractor's defaults may change that the edge-free path has a key of its own for
@@ -124,7 +154,9 @@ def path_as_baseline(config: RunConfig, applied: dict[str, Any]) -> dict[str, An
     defaults (``applied``) changed the run's: the path is then the ``mlp`` run of the settings the
     run gave (party_a.extractors.edge_free_path). ``config`` is the run's before its defaults. A
     width that is not a multiple of the run's stays the run's (the path's slices are the run's width)."""
-    if not config.extractor.edge_free_path:
+    from vesper.party_a.extractors.edge_free_path import carries_path
+
+    if not carries_path(lookup(config.extractor.name), config):  # no path (turned off, node-level, the MLP)
         return {}
     baseline = lookup("mlp").spec.run_defaults
     keys: dict[str, Any] = {}

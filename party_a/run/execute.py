@@ -23,9 +23,9 @@ from vesper.party_a.extractors.base import (
 from vesper.party_a.extractors.edge_free_path import build_extractor, edge_free_layers, unwrapped
 from vesper.party_a.extractors.gap import GapExtractor
 from vesper.party_a.extractors.registry import (
+    AppliedDefaults,
     ExtractorNotFound,
     lookup,
-    path_as_baseline,
     validated_params,
     with_run_defaults,
 )
@@ -79,20 +79,19 @@ class GraphPartyRun:
         ``dataset_path``: the file ``data`` was loaded from (needed by W > 1 workers, which map it)."""
         if resume is None:  # a resumed run has its settings, defaults applied, in its record
             try:
-                given = config
                 config, applied = with_run_defaults(config)
             except ExtractorNotFound:  # the run fails in its set-up, saying so (_build_extractor)
-                applied = {}
-            if applied:
+                applied = AppliedDefaults()
+            if applied.own:
                 report(ProgressEvent("setup", message=(
                     f"{config.extractor.name}'s own defaults for what the run did not set: "
-                    + ", ".join(f"{key}={value}" for key, value in applied.items())
+                    + ", ".join(f"{key}={value}" for key, value in applied.own.items())
                 )))
-                if path := path_as_baseline(given, applied):
-                    report(ProgressEvent("setup", message=(
-                        "its edge-free path keeps the MLP baseline's settings: "
-                        + ", ".join(f"{key}={value}" for key, value in path.items())
-                    )))
+            if applied.path:
+                report(ProgressEvent("setup", message=(
+                    "its edge-free path keeps the MLP baseline's settings: "
+                    + ", ".join(f"{key}={value}" for key, value in applied.path.items())
+                )))
         self.config = config
         self.settings = settings
         self.data = data
