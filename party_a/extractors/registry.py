@@ -156,7 +156,11 @@ def path_as_baseline(config: RunConfig, applied: dict[str, Any]) -> dict[str, An
     width that is not a multiple of the run's stays the run's (the path's slices are the run's width)."""
     from vesper.party_a.extractors.edge_free_path import carries_path
 
-    if not carries_path(lookup(config.extractor.name), config):  # no path (turned off, node-level, the MLP)
+    try:
+        cls = lookup(config.extractor.name)
+    except ExtractorNotFound:  # a run of it fails in its set-up, saying so; a path of it has no settings
+        return {}
+    if not carries_path(cls, config):  # no path (turned off, node-level, the MLP)
         return {}
     baseline = lookup("mlp").spec.run_defaults
     keys: dict[str, Any] = {}
