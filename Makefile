@@ -23,8 +23,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" --durations=15
 
-# the long drills (kill -9 and resume of each service, the install steps of the images in a
-# fresh virtual environment, two hosts in network namespaces); .ci/run runs them too
+# the long drills (kill -9 and resume of each service, a killed demo or worker, a whole run over
+# mutual TLS, the RPC fuzzers and the metrics' training run, the install steps of the images in a
+# fresh virtual environment, two hosts in network namespaces) and the sweeps whose first case
+# make test runs; .ci/run runs them too
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 

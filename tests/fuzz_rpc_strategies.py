@@ -34,7 +34,8 @@ DENIED = grpc.StatusCode.PERMISSION_DENIED
 EXISTS = grpc.StatusCode.ALREADY_EXISTS
 CLEAR = {INVALID, NOT_FOUND, PRECONDITION, EXHAUSTED, UNAUTHENTICATED, DENIED, EXISTS}
 
-# examples per RPC: the default suite, and `make test-slow`
+# examples per RPC: a quick pass, then a deep one (both in make test-slow, where the fuzzing modules
+# share one cluster and a real run; the codec's fuzzer, test_fuzz_codec, keeps its quick pass in make test)
 FAST, DEEP = 10, 200
 DEPTHS = [pytest.param(FAST, id="fast"), pytest.param(DEEP, id="deep", marks=pytest.mark.slow)]
 

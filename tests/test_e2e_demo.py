@@ -64,6 +64,7 @@ def test_demo_trains_reports_and_shuts_down(tmp_path: Path) -> None:
 
 # small settings keep each run short; the extractors' own tests cover their defaults
 # (relational runs in the pate demo below)
+SLOW_IN_DEMO = {"heterpoisson", "dpar-edge", "gap"}
 QUICK = {
     "gap": ["--param", "encoder_epochs=2", *NO_PATH_STAGE], "vfgnn": [], "dpar-edge": [],
     "dpar-node": ["--param", "train_encoder=false"],
@@ -81,9 +82,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.mark.parametrize("extractor", [
-    # heterpoisson's run through `vesper train`: ~18 s; its own end-to-end test (test_e2e_heterpoisson)
-    # stays in make test, this one runs in make test-slow
-    pytest.param(name, marks=pytest.mark.slow) if name == "heterpoisson" else name for name in QUICK
+    # heterpoisson's, dpar-edge's and gap's runs through `vesper train`: 20-40 s each; their own
+    # end-to-end tests (test_e2e_heterpoisson, test_e2e_dpar, test_e2e_gap) stay in make test, these
+    # run in make test-slow
+    pytest.param(name, marks=pytest.mark.slow) if name in SLOW_IN_DEMO else name for name in QUICK
 ])
 def test_each_extractor_reports_epsilon_from_the_ledger(cluster, tmp_path: Path, extractor: str) -> None:
     out = tmp_path / "run.json"
@@ -109,7 +111,8 @@ LABEL_DEMOS = {
 
 
 @pytest.mark.parametrize("mode", [
-    "rr", pytest.param("pate", marks=pytest.mark.slow),  # pate's teachers: ~30 s, make test-slow
+    # a demo run each (~30 s); label privacy's own end-to-end tests (test_e2e_label_privacy) stay in make test
+    pytest.param("rr", marks=pytest.mark.slow), pytest.param("pate", marks=pytest.mark.slow),
 ])
 def test_demo_with_label_privacy_shows_both_ledgers(tmp_path: Path, mode: str) -> None:
     out = tmp_path / "demo.json"
@@ -140,6 +143,7 @@ def test_demo_with_label_privacy_shows_both_ledgers(tmp_path: Path, mode: str) -
     assert "privacy unit: label" in status.stdout and "party B's label ledger" in status.stdout, status.stdout
 
 
+@pytest.mark.slow  # a drill: kill -TERM of a demo mid-run (~30 s)
 def test_a_killed_demo_stops_the_services_it_started(tmp_path: Path) -> None:
     import signal
     import time

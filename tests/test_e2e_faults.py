@@ -41,6 +41,7 @@ def _assert_replays(status_url: str, run_id: str) -> dict:
     return view
 
 
+@pytest.mark.slow  # a kill -9 drill (~40 s), with test_fault_drill.py's
 def test_killing_party_b_mid_run_interrupts_the_run_and_resuming_it_gives_the_uninterrupted_ledger(tmp_path: Path) -> None:
     """The drill of docs/faults.md for party B (party A and the accountant: test_fault_drill.py)."""
     with drill_cluster(tmp_path / "cluster") as cluster:

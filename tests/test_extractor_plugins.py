@@ -104,6 +104,7 @@ def test_cli_lists_extractors_with_their_parameters(plugin_path: Path) -> None:
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # a run through the services (~20 s); the listing and the lookup stay in make test
 def test_an_installed_third_party_extractor_trains_end_to_end(plugin_path: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("PYTHONPATH", _with_path(plugin_path)["PYTHONPATH"])
     out = tmp_path / "run.json"

@@ -51,7 +51,8 @@ from vesper.proto.v1 import label_party_pb2 as lp
 from vesper.proto.v1 import tensor_pb2
 
 pytest_plugins = ["fuzz_rpc_cluster"]  # the `world` fixture: one cluster for every fuzz module
-pytestmark = pytest.mark.e2e
+# the RPC fuzzers share that cluster and a real run (~2 minutes on 2 cores): make test-slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def _stream_error(call: Callable[[], Iterator[object]], replies: list[object]) -> Callable[[], None]:

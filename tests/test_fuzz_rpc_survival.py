@@ -25,7 +25,8 @@ from vesper.common.privacy.ledger import LedgerRow, RunRecord, replay
 from vesper.proto.v1 import graph_party_pb2 as ga
 
 pytest_plugins = ["fuzz_rpc_cluster"]  # the `world` fixture: one cluster for every fuzz module
-pytestmark = pytest.mark.e2e
+# the RPC fuzzers share that cluster and a real run (~2 minutes on 2 cores): make test-slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def _digests(directory: Path) -> dict[str, str]:

@@ -73,6 +73,11 @@ def scrape(cluster: LocalCluster, service: str) -> Scrape:
         return Scrape(response.read().decode())
 
 
+# the tests that share one training run through three services that serve metrics (~85 s in all):
+# make test-slow; the settings' checks below stay in make test
+TRAINED_RUN = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("metrics")
@@ -97,6 +102,7 @@ def trained(cluster: LocalCluster, tmp_path_factory) -> dict:
     return {"before": before, "after": after, "summary": summary, "rows": ledger(cluster.status_url, summary["run_id"])["rows"]}
 
 
+@TRAINED_RUN
 def test_each_service_serves_the_listed_families_with_their_types(cluster: LocalCluster, trained: dict) -> None:
     for service, families in FAMILIES.items():
         served = trained["after"][service].types
@@ -109,6 +115,7 @@ def test_each_service_serves_the_listed_families_with_their_types(cluster: Local
     assert trained["after"]["party-a"].types["vesper_party_a_steps"] == "counter"
 
 
+@TRAINED_RUN
 def test_the_accountant_counts_what_its_ledger_holds(cluster: LocalCluster, trained: dict) -> None:
     run_id, after, before = trained["summary"]["run_id"], trained["after"]["accountant"], trained["before"]["accountant"]
     rows = Counter(row["kind"] for row in trained["rows"])
@@ -124,6 +131,7 @@ def test_the_accountant_counts_what_its_ledger_holds(cluster: LocalCluster, trai
     assert after.value("vesper_grpc_server_received_bytes_total", service=ACCOUNTANT, method="Charge") > 0
 
 
+@TRAINED_RUN
 def test_party_a_counts_its_steps_and_releases(trained: dict) -> None:
     run_id, party_a = trained["summary"]["run_id"], trained["after"]["party-a"]
     assert party_a.value("vesper_party_a_steps_total", run=run_id) == trained["summary"]["steps"] > 0
@@ -136,6 +144,7 @@ def test_party_a_counts_its_steps_and_releases(trained: dict) -> None:
         assert 0 < released[kind] <= received[method] - received_before.get(method, 0.0)
 
 
+@TRAINED_RUN
 def test_party_b_times_every_step(trained: dict) -> None:
     before, after = trained["before"]["party-b"], trained["after"]["party-b"]
     steps = after.value("vesper_party_b_step_seconds_count") - before.value("vesper_party_b_step_seconds_count")
@@ -153,6 +162,7 @@ def _charge(client: AccountantClient, run_id: str, i: int) -> acc_pb.ChargeRecei
 EVENT = event_to_json(dpa.GaussianDpEvent(2.0))
 
 
+@TRAINED_RUN
 def test_refusals_and_failed_calls_are_counted_by_status(cluster: LocalCluster, trained: dict) -> None:
     run_id = "metrics-refusal"
     client = AccountantClient(cluster.accountant_address, read_token(cluster.charge_token_file), charge_retries=0)
@@ -184,6 +194,7 @@ def test_refusals_and_failed_calls_are_counted_by_status(cluster: LocalCluster, 
     assert metrics.value("vesper_grpc_server_handled_total", service=ACCOUNTANT, method="GetRun", code="NOT_FOUND") == 1
 
 
+@TRAINED_RUN
 def test_json_log_lines_name_the_run_they_were_logged_for(cluster: LocalCluster, trained: dict) -> None:
     run_id = trained["summary"]["run_id"]
     for service in ("party-a", "party-b"):

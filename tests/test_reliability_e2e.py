@@ -100,6 +100,7 @@ def _no_release_twice(cluster: LocalCluster, run_id: str) -> None:
 
 
 # -- 1. a run has one trainer ------------------------------------------------------------------------
+@pytest.mark.slow  # a drill (15-45 s): make test-slow
 def test_a_resume_of_a_run_that_still_trains_is_refused(cluster) -> None:
     running, _ = cluster
     first = Background(running)
@@ -121,6 +122,7 @@ def test_a_resume_of_a_run_that_still_trains_is_refused(cluster) -> None:
 
 
 # -- 2. two resumes of one interrupted run at once: exactly one proceeds ---------------------------------
+@pytest.mark.slow  # a drill (15-45 s): make test-slow
 def test_of_two_resumes_at_once_one_proceeds_and_the_other_changes_nothing(cluster) -> None:
     running, reference = cluster
     first = Background(running, DRILL_RUN)
@@ -144,6 +146,7 @@ def test_of_two_resumes_at_once_one_proceeds_and_the_other_changes_nothing(clust
 
 
 # -- 3. party A's disk failing mid-run is an interruption, resumable once fixed ---------------------------
+@pytest.mark.slow  # a drill (15-45 s): make test-slow
 def test_an_unwritable_run_directory_interrupts_the_run_and_it_resumes_once_fixed(cluster) -> None:
     running, reference = cluster
     first = Background(running, DRILL_RUN)
@@ -184,6 +187,7 @@ def test_a_run_party_b_cannot_record_is_refused_before_anything_is_charged(clust
 
 
 # -- 8. party A vanishing under `vesper train` means: interrupted (exit 4) -----------------------------------
+@pytest.mark.slow  # a drill (15-45 s): make test-slow
 def test_a_killed_party_a_makes_vesper_train_exit_4(tmp_path: Path) -> None:
     with LocalCluster(tmp_path / "cluster", party_b={"receipt_log": str(tmp_path / "receipts.jsonl")}) as running:
         train = subprocess.Popen(

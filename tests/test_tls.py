@@ -69,6 +69,7 @@ def _addresses(cluster: LocalCluster) -> dict[str, str]:
     return {"party-a": cluster.party_a_address, "party-b": cluster.party_b_address, "accountant": cluster.accountant_address}
 
 
+@pytest.mark.slow  # a whole run over mTLS, ~100 s: make test-slow (the containers test runs one too)
 def test_a_run_over_mutual_tls_completes_and_its_ledger_replays(cluster, tmp_path) -> None:
     assert cluster.status_url.startswith("https://")
     config = tmp_path / "coordinator.toml"

@@ -139,6 +139,7 @@ def test_the_second_rank_releases_rows_the_first_does_not_reach(dataset: Path) -
     assert nodes_a & nodes_b and nodes_a != nodes_b
 
 
+@pytest.mark.slow  # a drill: make test-slow
 def test_a_killed_worker_is_a_typed_error_and_the_group_closes(dataset: Path, tmp_path: Path) -> None:
     config = config_for("pmp-gin")
     extractor, initial = build(config, dataset)
@@ -162,6 +163,7 @@ def test_a_killed_worker_is_a_typed_error_and_the_group_closes(dataset: Path, tm
     again.close()
 
 
+@pytest.mark.slow  # a drill: make test-slow
 def test_a_worker_that_exits_before_joining_is_reported_at_once(
     dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -202,6 +204,7 @@ def test_a_rendezvous_address_vesper_cannot_use_is_named() -> None:
         parse(["--rank", "1", "--world", "2", "--init", "tcp://nohost"])
 
 
+@pytest.mark.slow  # a drill: make test-slow
 def test_after_a_join_that_failed_the_next_group_forms(dataset: Path, tmp_path: Path) -> None:
     """A rendezvous that times out leaves torch's group counter raised (pytorch/pytorch#46561):
     rank 0 would name its next group 1 and a fresh worker its own 0, and they would never meet.
@@ -247,6 +250,7 @@ def test_one_run_at_a_time_holds_the_group_from_its_start(dataset: Path, tmp_pat
         first.release()
 
 
+@pytest.mark.slow  # a drill: make test-slow
 def test_a_worker_killed_before_a_hop_is_a_typed_error(dataset: Path, tmp_path: Path) -> None:
     config = gap_config()
     extractor, initial = build(config, dataset)
