@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 import pytest
 import torch
 
+from vesper.coordinator.processes import LocalCluster
 from vesper.party_a.graph_store import Graph, build_graph
 
 
@@ -28,3 +30,22 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """The three services on loopback, started once for every end-to-end module that needs no
+    settings of its own (starting and stopping a set costs 10-20 s on 2 cores). A module that
+    needs other settings (datasets of its own, TLS, workers, a service it kills) defines its own
+    ``cluster`` fixture, which takes precedence. What the shared one fixes:
+
+    * both parties' ``secret_seed`` (A: 5, B: 9), so two runs of one config give the same numbers;
+    * B's receipt log at ``cluster.workdir / "receipts.jsonl"`` (read it through
+      ``e2e.receipts(path, run_id)``: other modules' runs are in it too);
+    * B's ``max_label_epsilon`` = 6, for the label-privacy runs.
+
+    Every run has its own run id, ledger rows and files; a test reads only its own."""
+    workdir = tmp_path_factory.mktemp("services")
+    party_b = {"receipt_log": str(workdir / "receipts.jsonl"), "secret_seed": 9, "max_label_epsilon": 6}
+    with LocalCluster(workdir, party_a={"secret_seed": 5}, party_b=party_b) as services:
+        yield services

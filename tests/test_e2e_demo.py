@@ -12,7 +12,6 @@ import pytest
 from e2e import NO_PATH_STAGE, vesper
 
 from vesper.common.config import DEFAULT_DELTA, ExtractorConfig
-from vesper.coordinator.processes import LocalCluster
 
 pytestmark = pytest.mark.e2e
 
@@ -71,14 +70,6 @@ QUICK = {
     "relational-gap": ["--param", "pretrain_steps=10", "--param", "encoder_epochs=2", "--edge-bound", "5278", *NO_PATH_STAGE],
     "heterpoisson": ["--batch-size", "512", "--dim", "16"],
 }
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory):
-    """One set of services for every extractor: the demo's own start-up and shut-down are
-    tested above; here each extractor's run goes through `vesper train` like the demo's."""
-    with LocalCluster(tmp_path_factory.mktemp("extractors")) as c:
-        yield c
 
 
 @pytest.mark.parametrize("extractor", [

@@ -19,13 +19,6 @@ from vesper.coordinator.processes import LocalCluster
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("cluster")
-    with LocalCluster(workdir, party_a={"secret_seed": 5}) as c:
-        yield c
-
-
 def _train(cluster: LocalCluster, tmp_path: Path, name: str, *extra: str) -> dict:
     out = tmp_path / f"{name}.json"
     code, output = vesper(

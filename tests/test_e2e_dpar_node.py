@@ -27,14 +27,6 @@ pytestmark = pytest.mark.e2e
 CORA_NODES = 2708
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("dpar_node")
-    party_b = {"receipt_log": str(workdir / "receipts.jsonl")}
-    with LocalCluster(workdir, party_a={"secret_seed": 13}, party_b=party_b) as c:
-        yield c
-
-
 def test_node_level_run_charges_the_one_shot_then_one_gaussian_per_pass(cluster: LocalCluster, tmp_path: Path) -> None:
     out = tmp_path / "run.json"
     code, output = vesper(

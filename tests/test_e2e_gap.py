@@ -31,14 +31,6 @@ CORA_STEPS = 6  # ceil(train nodes / 256) for Cora's stratified split
 CORA_DELTA = DEFAULT_DELTA  # declared, never 1/|E| (docs/privacy.md, section 1)
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("gap-cluster")
-    receipt_log = str(workdir / "receipts.jsonl")
-    with LocalCluster(workdir, party_a={"secret_seed": 5}, party_b={"receipt_log": receipt_log}) as c:
-        yield c
-
-
 def gap_run(cluster: LocalCluster, out: Path, epochs: int, *extra: str) -> dict:
     args = fast_run(
         "--extractor", "gap", "--layers", str(HOPS), "--param", f"encoder_epochs={ENCODER_EPOCHS}",

@@ -33,14 +33,6 @@ CORA_TRAIN = CORA_NODES // 2  # B's stratified 50 % train split
 Z, RHO, MULTIPLIER, BATCH, EPOCHS = 40.0, 0.5, 1.0, 512, 2
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("heterpoisson")
-    party_b = {"receipt_log": str(workdir / "receipts.jsonl")}
-    with LocalCluster(workdir, party_a={"secret_seed": 17}, party_b=party_b) as c:
-        yield c
-
-
 def test_node_level_run_charges_every_step_as_a_mixture_before_b_sees_it(cluster: LocalCluster, tmp_path: Path) -> None:
     out = tmp_path / "run.json"
     code, output = vesper(

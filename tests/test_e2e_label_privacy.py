@@ -34,13 +34,6 @@ pytestmark = pytest.mark.e2e
 RELATIONAL = ("--extractor", "relational", "--param", "pretrain_steps=4", "--param", "expected_batch=1024", "--edge-bound", "5278")
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("label-cluster")
-    with LocalCluster(workdir, party_a={"secret_seed": 5}, party_b={"secret_seed": 9, "max_label_epsilon": 6}) as c:
-        yield c
-
-
 def train(cluster: LocalCluster, out: Path, *args: str) -> tuple[int, dict]:
     code, output = vesper(
         "train", "--party-a", cluster.party_a_address, "--dataset", "cora", "--batch-size", "256", "--seed", "1",

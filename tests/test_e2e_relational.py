@@ -38,14 +38,6 @@ PRETRAIN = (
 )
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("relational-cluster")
-    party_b = {"receipt_log": str(workdir / "receipts.jsonl")}
-    with LocalCluster(workdir, party_a={"secret_seed": 11}, party_b=party_b) as c:
-        yield c
-
-
 def train(cluster: LocalCluster, out: Path, extractor: str, epochs: int, *extra: str) -> tuple[int, dict]:
     code, output = vesper(
         "train", "--party-a", cluster.party_a_address, "--dataset", "cora", "--batch-size", "512",

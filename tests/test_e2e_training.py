@@ -20,13 +20,6 @@ from vesper.coordinator.processes import LocalCluster
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("cluster")
-    with LocalCluster(workdir, party_a={"secret_seed": 11}, party_b={"receipt_log": str(workdir / "receipts.jsonl")}) as c:
-        yield c
-
-
 def _receipt_log(cluster: LocalCluster) -> Path:
     return cluster.workdir / "receipts.jsonl"
 

@@ -22,14 +22,6 @@ from vesper.coordinator.processes import LocalCluster
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("vfgnn")
-    party_b = {"receipt_log": str(workdir / "receipts.jsonl")}
-    with LocalCluster(workdir, party_a={"secret_seed": 5}, party_b=party_b) as c:
-        yield c
-
-
 def _train(cluster: LocalCluster, tmp_path: Path, *flags: str) -> dict:
     out = tmp_path / "run.json"
     code, output = vesper("train", "--party-a", cluster.party_a_address, *flags, "--json-out", str(out))

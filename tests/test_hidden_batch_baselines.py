@@ -417,12 +417,6 @@ def test_hidden_batch_step_sensitivity_holds_on_random_pairs(pair, seed: int) ->
 # --------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with LocalCluster(tmp_path_factory.mktemp("hidden-batch"), party_a={"secret_seed": 5}) as c:
-        yield c
-
-
 def _train_hidden(cluster: LocalCluster, out: Path, *flags: str) -> dict:
     args = fast_run("--accounting", "hidden-batch", "--epsilon", "4", *flags)
     args[args.index("--epochs") + 1] = "1"
