@@ -20,13 +20,14 @@ def test_demo_trains_reports_and_shuts_down(tmp_path: Path) -> None:
     out = tmp_path / "demo.json"
     result = subprocess.run(
         [sys.executable, "-m", "vesper.coordinator", "demo", "--workdir", str(tmp_path / "demo"),
-         "--epochs", "3", *NO_PATH_STAGE, "--json-out", str(out)],
+         "--epochs", "3", "--param", "encoder_epochs=2", *NO_PATH_STAGE, "--json-out", str(out)],
         capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "120"},
     )
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads(out.read_text())
     baseline = summary["baseline"]
-    # with no extractor flag the demo trains the default extractor, with its own defaults
+    # with no extractor flag the demo trains the default extractor, with its own defaults (but
+    # 3 epochs and 2 of the encoder's stage, not 20 and 50: test_extractor_defaults runs them)
     assert summary["extractor"] == ExtractorConfig.model_fields["name"].default == "gap"
     assert baseline["extractor"] == "mlp"
     assert 0 < summary["epsilon_spent"] <= summary["epsilon_budget"] == 8 and baseline["epsilon_spent"] == 0

@@ -53,24 +53,34 @@ def test_samples_are_real_neighbours_up_to_the_fanout(n, p, fanout, seed) -> Non
 
 
 def test_sampling_is_uniform() -> None:
-    """Over the run's order key and the step's seed, a node's sample is a uniform D-subset."""
-    # a node with 12 neighbours, fanout 4: each neighbour is kept with probability 1/3
-    graph = build_graph(torch.tensor([[0, i] for i in range(1, 13)]), 13)
-    counts = torch.zeros(13)
-    pairs = torch.zeros(13, 13)
-    draws = 6000
+    """Over the run's order key and the step's seed, a node's sample is a uniform D-subset.
+
+    Each draw samples 100 copies of one star (a node with 12 neighbours, fanout 4) in one call:
+    their keys k(v, u) and offsets a(v) are other inputs of the hash, so 60 (order key, seed)
+    pairs give 6,000 samples of a star, counted by each neighbour's place in its star."""
+    stars, leaves, fanout = 100, 12, 4
+    size = leaves + 1
+    edges = [[s * size, s * size + i] for s in range(stars) for i in range(1, size)]
+    graph = build_graph(torch.tensor(edges), stars * size)
+    roots = torch.arange(stars) * size
+    counts = torch.zeros(size)
+    pairs = torch.zeros(size, size)
     generator = torch.Generator().manual_seed(0)
-    for _ in range(draws):
+    for _ in range(60):
         order_key, seed = (tuple(torch.randint(0, 2**32, (2,), generator=generator).tolist()) for _ in range(2))
-        _, neighbours = sample_neighbours(KeyedOrder.of(graph, order_key), torch.tensor([0]), 4, seed)
-        counts[neighbours] += 1
-        pairs[neighbours[:, None], neighbours[None, :]] += 1
+        segment, neighbours = sample_neighbours(KeyedOrder.of(graph, order_key), roots, fanout, seed)
+        assert torch.equal(segment, torch.arange(stars).repeat_interleave(fanout))
+        place = neighbours.view(stars, fanout) - roots.unsqueeze(1)  # 1..12 within each star
+        counts += torch.bincount(place.reshape(-1), minlength=size)
+        both = (place.unsqueeze(2) * size + place.unsqueeze(1)).reshape(-1)  # (i, j) for i, j in one sample
+        pairs += torch.bincount(both, minlength=size * size).view(size, size)
+    draws = 60 * stars
     frequency = counts[1:] / draws
-    # binomial std at p=1/3 over 6000 draws is 0.006; 5 std
+    # each neighbour is kept with probability 1/3; binomial std over 6000 draws is 0.006: 5 std
     assert torch.all((frequency - 1 / 3).abs() < 0.03), frequency
     # and pairs: uniform D-subsets keep two given neighbours with probability (4/12)(3/11) = 1/11;
     # neighbours adjacent on the key circle are not favoured over others (std 0.0037; 5 std)
-    off_diagonal = pairs[1:, 1:][~torch.eye(12, dtype=torch.bool)] / draws
+    off_diagonal = pairs[1:, 1:][~torch.eye(leaves, dtype=torch.bool)] / draws
     assert torch.all((off_diagonal - 1 / 11).abs() < 0.019), off_diagonal
 
 
