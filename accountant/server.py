@@ -29,6 +29,9 @@ def _bind(listen: str) -> socket.socket:
     host, port = listen.rsplit(":", 1)
     sock = socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # as gRPC does on Linux: a port reserved by a socket of the same user that does not listen
+    # (LocalCluster's, so the services start side by side) can be taken over
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host.strip("[]"), int(port)))
     sock.listen(128)
     return sock

@@ -86,6 +86,11 @@ class ServiceProcess:
     def grpc_address(self) -> str:
         return f"127.0.0.1:{self.info['grpc_port']}"
 
+    def terminate(self) -> None:
+        """SIGTERM, without waiting (``stop`` waits)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
     def stop(self, timeout_s: float = 10.0) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -163,6 +168,15 @@ def _reserve_port() -> socket.socket:
     return sock
 
 
+def _check_ports(info: dict, grpc_port: int, rest_port: int | None = None) -> None:
+    """A service serves on the ports its peers were told of (settings given to the cluster may
+    not move them)."""
+    served = (info["grpc_port"], info.get("rest_port") if rest_port is not None else None)
+    if served != (grpc_port, rest_port):
+        raise ServiceStartError(f"a service serves on {served}, not the reserved {(grpc_port, rest_port)}: "
+                                "LocalCluster settings may not set listen or rest_listen")
+
+
 class LocalCluster:
     """Accountant, party B and party A on loopback, each its own process."""
 
@@ -230,6 +244,8 @@ class LocalCluster:
         return None if tls is None else {key: str(path) for key, path in tls.model_dump().items()}
 
     def start(self) -> None:
+        """Start the three services side by side (each spends seconds importing torch and the
+        accounting libraries): the ports each must know of another's are reserved first."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self.tls and not (self.certs_dir / "ca.pem").exists():
             from vesper.coordinator.certs import make_certificates
@@ -237,57 +253,64 @@ class LocalCluster:
             make_certificates(self.certs_dir)
         configs = self.workdir / "config"
         configs.mkdir(exist_ok=True)
-        # party B needs the accountant's address (its own label ledger) before either has
-        # started: reserve a port the accountant's gRPC server then shares (SO_REUSEPORT),
-        # so the two start side by side; the token files exist before either reads them
-        reservation = _reserve_port()
-        accountant_address = f"127.0.0.1:{reservation.getsockname()[1]}"
+        # each peer's address goes into another's settings before either has started: reserve
+        # ports the servers then share (SO_REUSEPORT: gRPC sets it, the accountant's REST
+        # socket too), so the three start at once; the token files exist before any reads them
+        reservations = [_reserve_port() for _ in range(3)]
+        accountant_port, rest_port, party_b_port = (sock.getsockname()[1] for sock in reservations)
+        accountant_address = f"127.0.0.1:{accountant_port}"
+        party_b_address = f"127.0.0.1:{party_b_port}"
         ensure_distinct_tokens(self.charge_token_file, self.label_token_file)
         try:
             write_section(configs / "accountant.toml", "accountant", {
-                "listen": accountant_address, "rest_listen": "127.0.0.1:0", "ledger": str(self.ledger),
+                "listen": accountant_address, "rest_listen": f"127.0.0.1:{rest_port}", "ledger": str(self.ledger),
                 "charge_token_file": str(self.charge_token_file),
                 "label_charge_token_file": str(self.label_token_file),
                 "tls": self._tls_section("accountant"),
                 **self.extra_accountant,
             })
             write_section(configs / "party_b.toml", "party_b", {
-                "listen": "127.0.0.1:0", "workdir": str(self.workdir / "party_b"),
+                "listen": party_b_address, "workdir": str(self.workdir / "party_b"),
                 "datasets": self.datasets,
                 "accountant": accountant_address,
                 "accountant_token_file": str(self.label_token_file),
                 "tls": self._tls_section("party-b"),
                 **self.extra_b,
             })
-            accountant = self._start("accountant", configs / "accountant.toml")
-            party_b = self._start("party-b", configs / "party_b.toml")
-            self.services = {"accountant": accountant, "party-b": party_b}
-            accountant.wait_ready()
-            party_b.wait_ready()
+            write_section(configs / "party_a.toml", "party_a", {
+                "listen": "127.0.0.1:0",
+                "label_party": party_b_address,
+                "accountant": accountant_address,
+                "accountant_status_url": f"{'https' if self.tls else 'http'}://127.0.0.1:{rest_port}",
+                "accountant_token_file": str(self.charge_token_file),
+                "workdir": str(self.workdir / "party_a"),
+                "datasets": self.datasets,
+                "tls": self._tls_section("party-a"),
+                **self.extra_a,
+            })
+            for kind, section in (("accountant", "accountant"), ("party-b", "party_b"), ("party-a", "party_a")):
+                self.services[kind] = self._start(kind, configs / f"{section}.toml")
+            for service in self.services.values():
+                service.wait_ready()
+            _check_ports(self.services["accountant"].info, accountant_port, rest_port)
+            _check_ports(self.services["party-b"].info, party_b_port)
         finally:
-            reservation.close()
-        write_section(configs / "party_a.toml", "party_a", {
-            "listen": "127.0.0.1:0",
-            "label_party": party_b.grpc_address,
-            "accountant": accountant.grpc_address,
-            "accountant_status_url": accountant.info["rest_url"],
-            "accountant_token_file": str(self.charge_token_file),
-            "workdir": str(self.workdir / "party_a"),
-            "datasets": self.datasets,
-            "tls": self._tls_section("party-a"),
-            **self.extra_a,
-        })
-        party_a = self._start("party-a", configs / "party_a.toml")
-        self.services["party-a"] = party_a
-        party_a.wait_ready()
+            for sock in reservations:
+                sock.close()
 
     def _start(self, kind: str, config_path: Path) -> ServiceProcess:
         return start_service(kind, config_path, self.workdir, tls=self.coordinator_tls, log_format=self.log_format)
 
     def stop(self) -> None:
-        for name in ("party-a", "party-b", "accountant"):
-            if name in self.services:
-                self.services[name].stop()
+        """Party A first (a run it is driving ends before its peers go), then B and the
+        accountant together."""
+        if "party-a" in self.services:
+            self.services["party-a"].stop()
+        peers = [self.services[name] for name in ("party-b", "accountant") if name in self.services]
+        for service in peers:
+            service.terminate()
+        for service in peers:
+            service.stop()
 
     def restart(self, name: str) -> ServiceProcess:
         """Start ``name`` (party-a, party-b or accountant) again, after a kill, on the ports

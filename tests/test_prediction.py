@@ -23,6 +23,9 @@ from vesper.common.config import RunConfig
 from vesper.party_b.metrics import roc_auc
 
 QUIET = Console(file=io.StringIO())
+# the edge-free path's own stage of a one-shot extractor: 1 epoch (its state is served after a
+# restart too), not the 47 of a 3-epoch run's default
+ONE_PATH_EPOCH = {"edge_free_path_epochs": 1}
 
 
 def _train(cluster, **settings) -> object:
@@ -58,7 +61,7 @@ def served(tmp_path_factory):
 @pytest.mark.e2e
 def test_scores_after_both_parties_restart_reproduce_the_test_metric(served) -> None:
     cluster, facts, tmp = served
-    summary = _train(cluster, extractor={"name": "gap", "layers": 2, "params": {"encoder_epochs": 2}})
+    summary = _train(cluster, extractor={"name": "gap", "layers": 2, "params": {"encoder_epochs": 2}, **ONE_PATH_EPOCH})
     cluster.restart("party-a")
     cluster.restart("party-b")
     out = tmp / "scores.csv"
@@ -83,7 +86,7 @@ def test_progap_serves_its_hops_through_its_trained_bases_after_a_restart(served
     """ProGAP's releases read its charged hops through A's trained bases f_0..f_K: a free pass
     after party A restarts scores the test nodes as the run did (its state and its hops saved)."""
     cluster, facts, tmp = served
-    summary = _train(cluster, extractor={"name": "progap", "layers": 2, "params": {"stage_epochs": 1}})
+    summary = _train(cluster, extractor={"name": "progap", "layers": 2, "params": {"stage_epochs": 1}, **ONE_PATH_EPOCH})
     cluster.restart("party-a")
     out = tmp / "progap.csv"
     done = _predict(cluster, summary.run_id, out)

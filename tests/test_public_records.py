@@ -98,9 +98,10 @@ RUNS = {
     "relational-gap": (
         "--extractor", "relational-gap", "--edge-bound", "20000", "--param", "pretrain_steps=2",
         "--param", f"expected_batch={BATCH}", "--param", "encoder_epochs=1",
+        "--edge-free-path-epochs", "1",  # the path's own stage (scanned too), 1 epoch of the 49 it would train
     ),
     "heterpoisson": ("--extractor", "heterpoisson", "--batch-size", "300"),
-    "dpar-edge": ("--extractor", "dpar-edge"),
+    "dpar-edge": ("--extractor", "dpar-edge", "--edge-free-path-epochs", "1"),
 }
 
 
