@@ -63,4 +63,9 @@ app.command()(serving.predict)
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except SystemExit as exc:
+        if serve.service_stopped.is_set() and exc.code in (0, None):
+            serve.end_without_teardown()
+        raise
