@@ -42,10 +42,21 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     * both parties' ``secret_seed`` (A: 5, B: 9), so two runs of one config give the same numbers;
     * B's receipt log at ``cluster.workdir / "receipts.jsonl"`` (read it through
       ``e2e.receipts(path, run_id)``: other modules' runs are in it too);
-    * B's ``max_label_epsilon`` = 6, for the label-privacy runs.
+    * B's ``max_label_epsilon`` = 6, for the label-privacy runs;
+    * a dataset ``mismatch`` that is Cora at party A and a 100-node graph at party B: ids that
+      are not aligned (test_e2e_bad_input).
 
     Every run has its own run id, ledger rows and files; a test reads only its own."""
+    from vesper.benchmarks.synthetic import SyntheticSpec, generate, save_npz
+    from vesper.common.dataset_files import resolve_dataset
+
     workdir = tmp_path_factory.mktemp("services")
-    party_b = {"receipt_log": str(workdir / "receipts.jsonl"), "secret_seed": 9, "max_label_epsilon": 6}
-    with LocalCluster(workdir, party_a={"secret_seed": 5}, party_b=party_b) as services:
+    small = workdir / "small.npz"
+    save_npz(generate(SyntheticSpec(num_nodes=100, profile="dense", mean_degree=4.0)), small)
+    party_a = {"secret_seed": 5, "datasets": {"mismatch": str(resolve_dataset("cora"))}}
+    party_b = {
+        "receipt_log": str(workdir / "receipts.jsonl"), "secret_seed": 9, "max_label_epsilon": 6,
+        "datasets": {"mismatch": str(small)},
+    }
+    with LocalCluster(workdir, party_a=party_a, party_b=party_b) as services:
         yield services

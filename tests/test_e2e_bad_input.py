@@ -11,14 +11,11 @@ import pytest
 import torch
 from e2e import ledger, vesper
 
-from vesper.benchmarks.synthetic import SyntheticSpec, generate, save_npz
 from vesper.common.accountant_client import AccountantClient
 from vesper.common.charge_token import read_token
-from vesper.common.dataset_files import resolve_dataset
 from vesper.common.privacy.accounting import epsilon_of
 from vesper.common.privacy.events import event_to_json
 from vesper.common.wire import encode_tensor
-from vesper.coordinator.processes import LocalCluster
 from vesper.proto.v1 import accountant_pb2 as acc
 from vesper.proto.v1 import accountant_pb2_grpc as acc_grpc
 from vesper.proto.v1 import graph_party_pb2 as ga
@@ -29,18 +26,6 @@ from vesper.proto.v1 import tensor_pb2
 
 pytestmark = pytest.mark.e2e
 D, L = 4, 2
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("bad-input")
-    small = workdir / "small.npz"
-    save_npz(generate(SyntheticSpec(num_nodes=100, profile="dense", mean_degree=4.0)), small)
-    # "mismatch" names Cora at party A but a 100-node graph at party B: ids not aligned
-    party_a = {"secret_seed": 3, "datasets": {"mismatch": str(resolve_dataset("cora"))}}
-    party_b = {"datasets": {"mismatch": str(small)}}
-    with LocalCluster(workdir, party_a=party_a, party_b=party_b) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

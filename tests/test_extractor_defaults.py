@@ -75,11 +75,15 @@ def test_every_declared_default_is_a_valid_setting_and_the_benchmarks_use_them()
 
 @pytest.mark.e2e
 def test_party_a_trains_gap_with_its_defaults_and_says_so(tmp_path: Path) -> None:
+    from vesper.benchmarks.synthetic import SyntheticSpec, generate, save_npz
     from vesper.coordinator.in_process import InProcessCluster
 
+    # a small graph: one step per epoch (50 training roots), the defaults' 100 epochs in seconds
+    small = tmp_path / "small.npz"
+    save_npz(generate(SyntheticSpec(num_nodes=100, profile="dense", mean_degree=4.0)), small)
     events = []
-    run = RunConfig.model_validate({"dataset": "cora", "extractor": {"name": "gap"}, "privacy": {"epsilon": 4.0}})
-    with InProcessCluster(tmp_path) as cluster:
+    run = RunConfig.model_validate({"dataset": "small", "extractor": {"name": "gap"}, "privacy": {"epsilon": 4.0}})
+    with InProcessCluster(tmp_path / "cluster", datasets={"small": str(small)}) as cluster:
         summary = cluster.drive(run, events.append)
     assert summary.status == "completed", summary.message
     said = [e.message for e in events if "own defaults" in e.message or "baseline's settings" in e.message]
@@ -93,4 +97,4 @@ def test_party_a_trains_gap_with_its_defaults_and_says_so(tmp_path: Path) -> Non
     # the edge-free path trains alone first for the rest of the MLP baseline's epochs (docs/privacy.md, 2.5)
     path = {e.epochs for e in events if e.phase == "train" and e.epochs and e.message.startswith("edge-free-path")}
     assert path == {baseline_epochs() - main.pop()} == {30}
-    assert summary.steps == (lookup("gap").spec.params().encoder_epochs + 30 + 20) * 6  # 6 steps of 256 roots
+    assert summary.steps == lookup("gap").spec.params().encoder_epochs + 30 + 20  # 1 step of 50 roots each
