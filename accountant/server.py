@@ -93,3 +93,4 @@ def serve(config: AccountantConfig, ready_file: Path | None = None) -> None:
     finally:
         grpc_server.stop(grace=2).wait()
         store.close()
+        log.info("accountant stopped; ledger %s closed", config.ledger)

@@ -93,7 +93,7 @@ class ServiceProcess:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+            self.terminate()
             try:
                 self.process.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -168,13 +168,15 @@ def _reserve_port() -> socket.socket:
     return sock
 
 
-def _check_ports(info: dict, grpc_port: int, rest_port: int | None = None) -> None:
-    """A service serves on the ports its peers were told of (settings given to the cluster may
-    not move them)."""
-    served = (info["grpc_port"], info.get("rest_port") if rest_port is not None else None)
-    if served != (grpc_port, rest_port):
-        raise ServiceStartError(f"a service serves on {served}, not the reserved {(grpc_port, rest_port)}: "
-                                "LocalCluster settings may not set listen or rest_listen")
+def _check_ports(service: ServiceProcess, **reserved: int) -> None:
+    """A service serves on the ports its peers were told of (a setting given to the cluster may
+    not move them: listen, rest_listen)."""
+    served = {name: service.info.get(name) for name in reserved}
+    if served != reserved:
+        raise ServiceStartError(
+            f"{service.name} serves on {served}, not on the ports reserved for it, {reserved}: "
+            "a LocalCluster's settings may not set listen or rest_listen"
+        )
 
 
 class LocalCluster:
@@ -292,8 +294,8 @@ class LocalCluster:
                 self.services[kind] = self._start(kind, configs / f"{section}.toml")
             for service in self.services.values():
                 service.wait_ready()
-            _check_ports(self.services["accountant"].info, accountant_port, rest_port)
-            _check_ports(self.services["party-b"].info, party_b_port)
+            _check_ports(self.services["accountant"], grpc_port=accountant_port, rest_port=rest_port)
+            _check_ports(self.services["party-b"], grpc_port=party_b_port)
         finally:
             for sock in reservations:
                 sock.close()
