@@ -209,8 +209,7 @@ def run_grid(
     csv_path = out_dir / "results.csv"
 
     def run(drive: Drive, cell: GridCell) -> TableRow:
-        config = run_config(with_budget(base, cell.epsilon, cell.accounting), cell.dataset, cell.extractor, cell.seed,
-                            cell.decoder)
+        config = cell_run_config(base, cell)
         # the row names the cell it was run for, whatever a failed run's summary left empty
         return row_of(drive(config), cell.dataset, cell.seed).model_copy(update={
             "extractor": cell.extractor, "decoder": cell.decoder, "accounting": cell.accounting,
@@ -246,12 +245,23 @@ def served_cell(
     return grouped[0] if grouped else None
 
 
+def cell_run_config(base: RunConfig, cell: GridCell) -> RunConfig:
+    """The run of ``cell``: ``base`` at the cell's budget, with its dataset, extractor (and recipe),
+    seed and decoder."""
+    return run_config(with_budget(base, cell.epsilon, cell.accounting), cell.dataset, cell.extractor, cell.seed,
+                      cell.decoder)
+
+
 def with_budget(base: RunConfig, epsilon: float, accounting: str | None = None) -> RunConfig:
-    data = base.model_dump(mode="json")
-    data["privacy"]["epsilon"] = epsilon
+    """``base`` at another ε (and accounting). Only these become set: what the base left to the
+    defaults stays unset, so an extractor's recipe still counts as its own defaults (a copy
+    validated from a full dump would set every field, and GAP's path would then take the run's
+    d = 16 instead of the MLP baseline's 64: registry.defaults_to_apply)."""
+    update: dict[str, object] = {"epsilon": epsilon}
     if accounting is not None:
-        data["privacy"]["accounting"] = accounting
-    return RunConfig.model_validate(data)
+        update["accounting"] = accounting
+    privacy = type(base.privacy).model_validate({**base.privacy.model_dump(exclude_unset=True), **update})
+    return base.model_copy(update={"privacy": privacy})
 
 
 def _free_traits(epsilon_free: Callable[[str], bool] | None) -> Traits:

@@ -66,6 +66,13 @@ def test_every_declared_default_is_a_valid_setting_and_the_benchmarks_use_them()
     gap = run_config(RunConfig(epochs=50), "cora", "gap", seed=0)
     assert (gap.epochs, gap.extractor.dim, gap.extractor.edge_free_path_dim) == (20, 16, 64)
     assert run_config(RunConfig(), "cora", "progap", seed=0).extractor.edge_free_path_layers == 1
+    # the grid's own cells (vesper bench utility, degradation): the budget set on the base does not
+    # make the base's d count as the run's own, so GAP's path keeps the MLP's d
+    from vesper.benchmarks.extractor_sweep import GridCell, cell_run_config
+
+    cell = GridCell(dataset="cora", extractor="gap", seed=0, epsilon=4.0, accounting="visible-batch", decoder="concat")
+    gap = cell_run_config(RunConfig(epochs=50), cell)
+    assert (gap.epochs, gap.extractor.dim, gap.extractor.edge_free_path_dim, gap.privacy.epsilon) == (20, 16, 64, 4.0)
     # the audit benchmark's cells take the same settings
     from vesper.benchmarks.audit_bench import cell_config
 
