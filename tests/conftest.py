@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
 
 from vesper.coordinator.processes import LocalCluster
 from vesper.party_a.graph_store import Graph, build_graph
+
+
+def small_dense_graph(path: Path) -> Path:
+    """Write the 100-node dense synthetic graph (mean degree 4) to ``path`` and return it: small
+    enough that an extractor's whole default schedule trains in seconds (one step per epoch)."""
+    from vesper.benchmarks.synthetic import SyntheticSpec, generate, save_npz
+
+    save_npz(generate(SyntheticSpec(num_nodes=100, profile="dense", mean_degree=4.0)), path)
+    return path
 
 
 def random_graph(rng: random.Random, n: int, p: float) -> Graph:
@@ -47,12 +57,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
       are not aligned (test_e2e_bad_input).
 
     Every run has its own run id, ledger rows and files; a test reads only its own."""
-    from vesper.benchmarks.synthetic import SyntheticSpec, generate, save_npz
     from vesper.common.dataset_files import resolve_dataset
 
     workdir = tmp_path_factory.mktemp("services")
-    small = workdir / "small.npz"
-    save_npz(generate(SyntheticSpec(num_nodes=100, profile="dense", mean_degree=4.0)), small)
+    small = small_dense_graph(workdir / "small.npz")
     party_a = {"secret_seed": 5, "datasets": {"mismatch": str(resolve_dataset("cora"))}}
     party_b = {
         "receipt_log": str(workdir / "receipts.jsonl"), "secret_seed": 9, "max_label_epsilon": 6,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import small_dense_graph
 
 from vesper.common.config import RunConfig
 from vesper.party_a.extractors.edge_free_path import baseline_epochs
@@ -82,12 +83,10 @@ def test_every_declared_default_is_a_valid_setting_and_the_benchmarks_use_them()
 
 @pytest.mark.e2e
 def test_party_a_trains_gap_with_its_defaults_and_says_so(tmp_path: Path) -> None:
-    from vesper.benchmarks.synthetic import SyntheticSpec, generate, save_npz
     from vesper.coordinator.in_process import InProcessCluster
 
     # a small graph: one step per epoch (50 training roots), the defaults' 100 epochs in seconds
-    small = tmp_path / "small.npz"
-    save_npz(generate(SyntheticSpec(num_nodes=100, profile="dense", mean_degree=4.0)), small)
+    small = small_dense_graph(tmp_path / "small.npz")
     events = []
     run = RunConfig.model_validate({"dataset": "small", "extractor": {"name": "gap"}, "privacy": {"epsilon": 4.0}})
     with InProcessCluster(tmp_path / "cluster", datasets={"small": str(small)}) as cluster:
