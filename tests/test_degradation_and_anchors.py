@@ -4,6 +4,8 @@ their decisions from rows, and the published numbers file."""
 from __future__ import annotations
 
 import math
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,7 @@ from vesper.benchmarks.anchors import (
 from vesper.benchmarks.degradation import cell, cells, own_epochs
 from vesper.benchmarks.doc_sections import DocSectionError, replace_section
 from vesper.benchmarks.extractor_table import TableRow
+from vesper.benchmarks.utility_options import SHARED_FILES
 
 
 def _rows(extractor: str, values: list[float], epsilon: float = 4.0, dataset: str = "cora", head: str = "") -> list[TableRow]:
@@ -92,3 +95,32 @@ def test_the_anchors_table_puts_vesper_beside_the_papers_and_replaces_only_its_s
     assert replace_section(document, text, BEGIN, END) == f"before\n{text}\nafter\n"
     with pytest.raises(DocSectionError, match="no .* section"):
         replace_section("no markers", text, BEGIN, END)
+
+
+REMAKE_DOC = Path(__file__).resolve().parents[1] / "docs" / "degradation-remake.md"
+
+
+@pytest.mark.skipif(
+    not all(path.is_file() for path in SHARED_FILES.values()), reason="the shared Tolokers and Twitch ENGB files are absent"
+)
+def test_the_re_made_table_is_what_the_command_writes_from_its_committed_rows(tmp_path: Path) -> None:
+    """docs/degradation-remake.md's table is generated from docs/utility-runs-remake.csv by the command
+    the document names, not typed: writing it again from the rows changes nothing."""
+    from typer.testing import CliRunner
+
+    from vesper.coordinator.cli import app
+
+    out = tmp_path / "remake"
+    out.mkdir()
+    shutil.copy(REMAKE_DOC.with_name("utility-runs-remake.csv"), out / "results.csv")
+    doc = tmp_path / "degradation-remake.md"
+    shutil.copy(REMAKE_DOC, doc)
+    extractors = [arg for name in ("vfgnn", "gap", "dpar-edge", "pmp-gcn", "pmp-gin", "progap", "relational",
+                                   "relational-gap") for arg in ("--extractor", name)]
+    epsilons = [arg for eps in ("1", "4", "8", "inf") for arg in ("--epsilon", eps)]
+    result = CliRunner().invoke(app, [
+        "bench", "degradation", "--out", str(out), "--report-only", "--update", str(doc), *extractors, *epsilons,
+        "--seeds", "5", "--epochs", "50", "--jobs", "2", "--synthetic-nodes", "2708", "--in-process",
+    ])
+    assert result.exit_code == 0, result.output
+    assert doc.read_text() == REMAKE_DOC.read_text()
