@@ -3,6 +3,7 @@ their decisions from rows, and the published numbers file."""
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 from pathlib import Path
@@ -123,3 +124,15 @@ def test_the_degradation_table_is_what_make_bench_degradation_writes_from_its_co
     ])
     assert result.exit_code == 0, result.output
     assert doc.read_text() == UTILITY_DOC.read_text()
+
+
+def test_the_committed_synthetic_specs_are_the_graphs_the_generator_makes(tmp_path: Path) -> None:
+    """docs/utility-runs-spec.json (copied by `make bench-degradation` beside the committed rows)
+    records the synthetic graphs those rows were made on; the generator must still make them,
+    array for array, or a resumed benchmark refuses (and the rows would describe other graphs)."""
+    from vesper.benchmarks.utility_datasets import ensure_synthetic
+
+    committed = json.loads(UTILITY_DOC.with_name("utility-runs-spec.json").read_text())
+    for label, record in committed.items():
+        ensure_synthetic(tmp_path, label, record["spec"]["num_nodes"], set())
+    assert json.loads((tmp_path / "spec.json").read_text()) == committed
