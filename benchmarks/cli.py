@@ -62,7 +62,7 @@ def bench_extractors(
     ),
     accounting: Accounting = typer.Option(Accounting.visible_batch, "--accounting", help="Accounting mode of every run."),
     epochs: Optional[int] = typer.Option(None, "--epochs", help="Training epochs (default: the [run] section's, else 50).", min=1),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file whose [run] section every run starts from."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file whose [run] section every run starts from; each extractor's own defaults (vesper extractors) apply over it."),
     out: Path = typer.Option(Path("bench/extractors"), "--out", help="Directory for results.csv, results.md and results.png."),
     jobs: int = typer.Option(1, "--jobs", help="Runs at a time, each with its own services on loopback.", min=1),
     party_a: Optional[str] = typer.Option(

@@ -156,7 +156,7 @@ def utility_command(
         SYNTHETIC_NODES, "--synthetic-nodes", help="N of the synthetic datasets (generated once, seed 0).", min=100
     ),
     config: Optional[Path] = typer.Option(
-        None, "--config", "-c", help="TOML file whose [run] section every run starts from."
+        None, "--config", "-c", help="TOML file whose [run] section every run starts from; each extractor's own defaults (vesper extractors) apply over it."
     ),
     quick: bool = typer.Option(
         False, "--quick",
