@@ -23,6 +23,7 @@ import numpy as np
 from vesper.auditor.edge_inference import pair_scores
 from vesper.auditor.one_run_bound import OneRunAudit, canary_audit
 from vesper.auditor.received_releases import ReceivedReleases
+from vesper.common.npz_files import read_npz
 from vesper.party_a.canaries import CanaryDraw
 from vesper.party_a.canary_statistics import STATISTICS_FILE
 
@@ -45,8 +46,7 @@ def load_statistics(run_dir: Path) -> dict[str, np.ndarray]:
             f"{path} does not exist: party A keeps per-release canary statistics only for audited runs of "
             "pmp-gin/pmp-gcn with L = 1, no degree projection and no edge subsampling"
         )
-    with np.load(path) as data:
-        return {name: data[name] for name in data.files}
+    return read_npz(path)
 
 
 def _per_pair(draw: CanaryDraw, endpoints: np.ndarray, per_endpoint: np.ndarray) -> np.ndarray:

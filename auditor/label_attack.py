@@ -44,6 +44,7 @@ from pydantic import BaseModel
 from scipy.cluster.vq import kmeans2
 from scipy.optimize import linear_sum_assignment, linprog
 
+from vesper.common.npz_files import read_npz
 from vesper.party_b.metrics import roc_auc
 
 ArrayLike = np.ndarray | torch.Tensor
@@ -99,8 +100,7 @@ def load_recorded(path: Path) -> RecordedGradients:
             f"no recorded gradients at {path}: party A writes them only for runs with record_gradients = true"
         )
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            arrays = {key: archive[key] for key in archive.files}
+        arrays = read_npz(path)
     except (OSError, ValueError) as exc:
         raise RecordedGradientsError(f"{path} is not a readable .npz file: {exc}") from None
     missing = [key for key in ("node_ids", "gradients", "num_classes") if key not in arrays]

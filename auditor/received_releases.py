@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vesper.common.npz_files import read_npz
 from vesper.party_b.release_record import SPLIT_CODES
 
 
@@ -31,8 +32,8 @@ class ReceivedReleases:
             raise FileNotFoundError(
                 f"{path} does not exist: party B keeps what it received only for runs with audit.record_releases"
             )
-        with np.load(path) as data:
-            return cls(**{name: data[name] for name in cls.__dataclass_fields__})
+        data = read_npz(path)
+        return cls(**{name: data[name] for name in cls.__dataclass_fields__})
 
     @property
     def num_nodes(self) -> int:

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vesper.common.npz_files import read_npz
 from vesper.common.secret_randomness import secret_base
 from vesper.party_a.graph_store import Graph, build_graph
 
@@ -53,11 +54,11 @@ class CanaryDraw:
 
     @classmethod
     def load(cls, path: Path) -> CanaryDraw:
-        with np.load(path, allow_pickle=False) as data:
-            return cls(
-                pairs=data["pairs"].astype(np.int64), included=data["included"].astype(bool),
-                candidate_seed=int(data["candidate_seed"]),
-            )
+        data = read_npz(path)
+        return cls(
+            pairs=data["pairs"].astype(np.int64), included=data["included"].astype(bool),
+            candidate_seed=int(data["candidate_seed"]),
+        )
 
 
 def canary_generator(secret_seed: int | None, run_seed: int) -> torch.Generator:

@@ -20,6 +20,7 @@ import torch
 from pydantic import BaseModel
 
 from vesper.common.config import DecoderConfig
+from vesper.common.npz_files import read_npz
 from vesper.common.stores import LABEL_FILE
 from vesper.common.wire import WireDType, WireError, decode_tensor, validate_node_ids
 from vesper.party_b.decoders import build_decoder
@@ -137,8 +138,7 @@ def stored_probabilities(run_dir: Path) -> np.ndarray | None:
     path = run_dir / PREDICTIONS_FILE
     if not path.is_file():
         return None
-    with np.load(path) as saved:
-        return saved["probabilities"]
+    return read_npz(path)["probabilities"]
 
 
 def score_rows(

@@ -1,0 +1,24 @@
+"""Reading every array of a ``.npz`` file, safely from several threads at once.
+
+numpy parses each array's header with ``ast.literal_eval``. On CPython 3.11 two threads
+building ASTs at the same time can fail with ``SystemError: AST constructor recursion depth
+mismatch`` (python/cpython#106905: the interpreter's AST state is shared between threads; seen
+here when two benchmark workers read party A's recorded gradients at once). Every read through
+:func:`read_npz` holds one process-wide lock while it parses the headers and reads the arrays,
+so vesper's own reads never build ASTs concurrently with each other.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+
+_HEADERS = threading.Lock()
+
+
+def read_npz(path: Path | str, allow_pickle: bool = False) -> dict[str, np.ndarray]:
+    """Every array of the archive at ``path``, by name, read in full (np.load's errors pass through)."""
+    with _HEADERS, np.load(path, allow_pickle=allow_pickle) as archive:
+        return {name: archive[name] for name in archive.files}
