@@ -39,6 +39,7 @@ from vesper.common.dataset_files import (
     open_archive,
     require_graph_layout,
 )
+from vesper.common.npz_files import npz_headers
 
 log = logging.getLogger(__name__)
 
@@ -385,6 +386,11 @@ def _graph_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
 def _npz_member(path: Path, name: str) -> np.ndarray:
     """Array ``name`` of an ``.npz``: memory-mapped when the member is stored uncompressed
     (what ``np.savez`` writes), else read into memory."""
+    with npz_headers():
+        return _read_member(path, name)
+
+
+def _read_member(path: Path, name: str) -> np.ndarray:
     with zipfile.ZipFile(path) as archive:
         info = archive.getinfo(f"{name}.npy")
         if info.compress_type != zipfile.ZIP_STORED:

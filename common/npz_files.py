@@ -5,7 +5,9 @@ building ASTs at the same time can fail with ``SystemError: AST constructor recu
 mismatch`` (python/cpython#106905: the interpreter's AST state is shared between threads; seen
 here when two benchmark workers read party A's recorded gradients at once). Every read through
 :func:`read_npz` holds one process-wide lock while it parses the headers and reads the arrays,
-so vesper's own reads never build ASTs concurrently with each other.
+and the dataset readers that read an archive lazily or member by member (common.dataset_files,
+common.csr_cache) hold it too (:func:`npz_headers`), so vesper's own reads never build ASTs
+concurrently with each other.
 """
 
 from __future__ import annotations
@@ -15,7 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-_HEADERS = threading.Lock()
+_HEADERS = threading.RLock()
+
+
+def npz_headers() -> threading.RLock:
+    """The lock :func:`read_npz` holds: hold it wherever numpy parses an array's header."""
+    return _HEADERS
 
 
 def read_npz(path: Path | str, allow_pickle: bool = False) -> dict[str, np.ndarray]:
