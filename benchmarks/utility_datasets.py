@@ -64,12 +64,13 @@ def array_digest(path: Path) -> str:
     """SHA-256 over every array's name, dtype, shape and bytes (the .npz's zip timestamps vary)."""
     import numpy as np
 
+    from vesper.common.npz_files import read_npz
+
     digest = hashlib.sha256()
-    with np.load(path, allow_pickle=False) as archive:
-        for name in sorted(archive.files):
-            array = np.ascontiguousarray(archive[name])
-            digest.update(f"{name}|{array.dtype.str}|{array.shape}".encode())
-            digest.update(array.tobytes())
+    for name, array in sorted(read_npz(path).items()):
+        array = np.ascontiguousarray(array)
+        digest.update(f"{name}|{array.dtype.str}|{array.shape}".encode())
+        digest.update(array.tobytes())
     return digest.hexdigest()
 
 

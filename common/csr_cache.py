@@ -39,7 +39,7 @@ from vesper.common.dataset_files import (
     open_archive,
     require_graph_layout,
 )
-from vesper.common.npz_files import npz_headers
+from vesper.common.npz_files import NPZ_HEADERS
 
 log = logging.getLogger(__name__)
 
@@ -386,7 +386,7 @@ def _graph_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
 def _npz_member(path: Path, name: str) -> np.ndarray:
     """Array ``name`` of an ``.npz``: memory-mapped when the member is stored uncompressed
     (what ``np.savez`` writes), else read into memory."""
-    with npz_headers():
+    with NPZ_HEADERS:
         return _read_member(path, name)
 
 

@@ -29,7 +29,7 @@ from typing import IO, Literal
 
 import numpy as np
 
-from vesper.common.npz_files import npz_headers
+from vesper.common.npz_files import NPZ_HEADERS
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def require_graph_layout(layout: Layout, path: Path) -> None:
 def load_graph_part(path: Path) -> GraphPart:
     archive, layout = open_archive(path)
     require_graph_layout(layout, path)
-    with archive, npz_headers():  # numpy parses each member's header as it is read
+    with archive, NPZ_HEADERS:  # numpy parses each member's header as it is read
         if layout == "pitfalls":
             shape = archive["adj_shape"]
             indptr = archive["adj_indptr"].astype(np.int64)
@@ -192,7 +192,7 @@ def load_label_part(path: Path) -> LabelPart:
             "be its own label file (node_labels), or a file of a layout with labels"
         )
     class_names = None
-    with archive, npz_headers():  # numpy parses each member's header as it is read
+    with archive, NPZ_HEADERS:  # numpy parses each member's header as it is read
         if layout == "pitfalls":
             labels = _class_labels(archive["labels"], path)
             masks = None
