@@ -302,6 +302,18 @@ def test_percentile_and_steady_rate() -> None:
         steady_rate([1.0, 2.0], 2)
 
 
+def test_each_repeat_is_compared_with_the_one_process_run_made_beside_it() -> None:
+    from vesper.benchmarks.perf.throughput import Rate, repeat_ratios
+
+    two = [Rate(40.0, 3), Rate(30.0, 3), Rate(45.0, 3)]
+    one = [Rate(50.0, 3), Rate(40.0, 3), Rate(50.0, 3)]
+    text = repeat_ratios(two, one)
+    assert "0.800, 0.750, 0.900; from 0.750 to 0.900." in text
+    assert repeat_ratios(two[:1], one[:1]) == ""  # one repeat: its ratio is the figure itself
+    with pytest.raises(ValueError):
+        repeat_ratios(two, one[:2])
+
+
 def test_bfloat16_halves_the_tensor_bytes_of_a_step() -> None:
     sizes = bytes_per_step("cora")
     (wire32, tensor32), (wire16, tensor16) = sizes["float32"], sizes["bfloat16"]
