@@ -36,7 +36,7 @@ class ExtractorConfig(_Model):
     name: str = Field(
         "gap",
         pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$",
-        description="a registered extractor (`vesper extractors` lists them): mlp, pmp-gin, pmp-gcn, gap, ...",
+        description="an extractor `vesper extractors` lists; unnamed: gap, or progap if edge_bound gives degree >= 20",
     )
     layers: int = Field(1, ge=1, le=8, description="L, message-passing layers")
     fanout: int = Field(

@@ -218,7 +218,7 @@ class InProcessCluster:
                 finished.set()
 
         log.info(
-            "run %s: %s on %s, epsilon=%s", run.run_id, config.extractor.name, config.dataset, config.privacy.epsilon
+            "run %s: %s on %s, epsilon=%s", run.run_id, run.config.extractor.name, config.dataset, config.privacy.epsilon
         )
         # a thread of its own, as in A's service: the caller's thread-local torch state stays out
         threading.Thread(target=work, name=f"run-{run.run_id}", daemon=True).start()

@@ -75,7 +75,11 @@ def drive_run(
         # settings cross versions strictly: only those given are sent, and party A applies its own defaults
         request = pb.StartRunRequest(run_config_json=config.model_dump_json(exclude_unset=True))
         budget, mode = format_epsilon(config.privacy.epsilon), config.privacy.accounting
-        title = f"{config.extractor.name} on {config.dataset}"
+        # a run that names no extractor but declares an edge bound trains the one party A
+        # chooses from it (party_a.extractors.default_choice; its progress says which)
+        named = "extractor" in config.model_fields_set and "name" in config.extractor.model_fields_set
+        known = named or config.privacy.edge_bound is None
+        title = f"{config.extractor.name if known else 'default extractor'} on {config.dataset}"
     run_id = resume_run_id or ""
     columns = (
         TextColumn("[bold]{task.description}"),

@@ -20,6 +20,7 @@ from vesper.party_a.extractors.base import (
     overrides_root_batches,
     shuffled_batches,
 )
+from vesper.party_a.extractors.default_choice import with_default_extractor
 from vesper.party_a.extractors.edge_free_path import build_extractor, edge_free_layers, unwrapped
 from vesper.party_a.extractors.gap import GapExtractor
 from vesper.party_a.extractors.registry import (
@@ -78,6 +79,9 @@ class GraphPartyRun:
         ``metrics``: the service's, where the run's steps and releases are counted;
         ``dataset_path``: the file ``data`` was loaded from (needed by W > 1 workers, which map it)."""
         if resume is None:  # a resumed run has its settings, defaults applied, in its record
+            config, why = with_default_extractor(config, data.graph.num_nodes)
+            if why:
+                report(ProgressEvent("setup", message=why))
             try:
                 config, applied = with_run_defaults(config)
             except ExtractorNotFound:  # the run fails in its set-up, saying so (_build_extractor)
