@@ -188,7 +188,7 @@ def _report(outcomes: list[perf.SourceOutcome], quick: bool = False) -> perf.Per
 def test_the_document_holds_machine_command_goals_verdicts_and_bounds(tmp_path: Path) -> None:
     report = _report([
         perf.SourceOutcome(source="throughput", what="two-party against one process", figures=_figures(), seconds=3,
-                           load_before=(0.25, 0.5, 0.75), load_after=(4.0, 1.0, 0.8)),
+                           load_before=(0.25, 0.5, 0.75), load_after=(4.0, 1.0, 0.8), steal=0.125),
         perf.SourceOutcome(source="scale", what="1M nodes", error="not available: vesper.benchmarks.perf.scale (ImportError)"),
     ], quick=True)
     path = perf.write_report(report, tmp_path / "docs" / "performance.md")
@@ -202,6 +202,7 @@ def test_the_document_holds_machine_command_goals_verdicts_and_bounds(tmp_path: 
         "not available: vesper.benchmarks.perf.scale", "**`--quick`**", "exits 0",
         # the load each figure was taken on, not only the command's
         "Load average (1 / 5 / 15 min) 0.25 / 0.50 / 0.75 as it started, 4.00 / 1.00 / 0.80 as it ended.",
+        "CPU time taken by the host for other guests (steal, /proc/stat): 12.5%.",
     ):
         assert expected in text, expected
     console = Console(record=True, width=200)
@@ -209,6 +210,14 @@ def test_the_document_holds_machine_command_goals_verdicts_and_bounds(tmp_path: 
     printed = console.export_text()
     assert "FAIL" in printed and "1 of 2 goals met; missed: latency missed" in printed
     assert "source(s) gave no figures" in printed
+
+
+def test_steal_is_its_share_of_the_cpu_time_between_two_readings() -> None:
+    assert perf.steal_share((1_000, 10), (1_400, 60)) == 0.125
+    assert perf.steal_share(None, (1_400, 60)) is None and perf.steal_share((1_000, 10), (1_000, 10)) is None
+    now = perf.cpu_times()
+    if now is not None:  # Linux: all CPU time since boot, and steal within it
+        assert now[0] > 0 and 0 <= now[1] <= now[0]
 
 
 def test_a_new_report_keeps_the_recorded_sections(tmp_path: Path) -> None:

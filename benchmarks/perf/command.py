@@ -89,6 +89,7 @@ class SourceOutcome(BaseModel):
     seconds: float = 0.0
     load_before: tuple[float, float, float] | None = Field(None, description="load average as the source started")
     load_after: tuple[float, float, float] | None = Field(None, description="load average as it ended")
+    steal: float | None = Field(None, description="share of the CPU time the hypervisor gave other guests meanwhile")
 
 
 class RunContext(BaseModel):
@@ -134,6 +135,7 @@ def run_source(source: Source, context: RunContext, out: Console | None = None) 
     """The source's figures, or why there are none; never raises for the source's sake."""
     started = time.monotonic()
     outcome = SourceOutcome(source=source.name, what=source.what, load_before=load_average())
+    times_before = cpu_times()
     try:
         module = importlib.import_module(source.module)
         function = getattr(module, source.function)
@@ -158,6 +160,7 @@ def run_source(source: Source, context: RunContext, out: Console | None = None) 
     finally:
         outcome.seconds = round(time.monotonic() - started, 1)
         outcome.load_after = load_average()
+        outcome.steal = steal_share(times_before, cpu_times())
     return outcome
 
 
@@ -167,6 +170,24 @@ def load_average() -> tuple[float, float, float]:
         return os.getloadavg()
     except OSError:
         return (float("nan"),) * 3
+
+
+def cpu_times() -> tuple[int, int] | None:
+    """(all CPU time, steal time) in jiffies since boot, from /proc/stat's first line; None off Linux.
+    Steal is time a virtual CPU was ready but the hypervisor ran another guest: a busy host
+    slows every figure of a source alike, which the load average inside the guest does not show."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (sum(fields[:8]), fields[7]) if len(fields) >= 8 else None
+
+
+def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """Steal's share of the CPU time between two ``cpu_times`` readings."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    return (after[1] - before[1]) / (after[0] - before[0])
 
 
 class PerfReport(BaseModel):
@@ -282,6 +303,8 @@ def markdown(report: PerfReport) -> str:
         load = ""
         if outcome.load_before is not None and outcome.load_after is not None:
             load = f" Load average (1 / 5 / 15 min) {_load_short(outcome.load_before)} as it started, {_load_short(outcome.load_after)} as it ended."
+        if outcome.steal is not None:
+            load += f" CPU time taken by the host for other guests (steal, /proc/stat): {outcome.steal:.1%}."
         lines += [f"### {outcome.source}: {outcome.what}", "", f"Source run time: {outcome.seconds:.0f} s.{load}", ""]
         if outcome.error:
             lines += ["**No figures.** " + outcome.error.splitlines()[0], ""]
