@@ -21,9 +21,10 @@ through its edge-free path, never below the MLP (section 7) — only possibly be
 
 from __future__ import annotations
 
-from vesper.common.config import RunConfig
+from vesper.common.config import ExtractorConfig, RunConfig
+from vesper.party_a.extractors.registry import is_set
 
-DEFAULT = "gap"
+DEFAULT = ExtractorConfig.model_fields["name"].default  # gap
 DENSE = "progap"
 DENSE_MEAN_DEGREE = 20.0
 
@@ -38,7 +39,7 @@ def with_default_extractor(config: RunConfig, num_nodes: int) -> tuple[RunConfig
     sentence for the run's progress saying why ("" where the run named one, or nothing changes).
 
     ProGAP runs under ``visible-batch`` only, so a ``hidden-batch`` run keeps GAP."""
-    if _named(config):
+    if is_set(config, "extractor.name"):
         return config, ""
     bound = config.privacy.edge_bound
     if bound is None or config.privacy.accounting != "visible-batch":
@@ -50,11 +51,6 @@ def with_default_extractor(config: RunConfig, num_nodes: int) -> tuple[RunConfig
     chosen = config.model_copy(update={"extractor": extractor})
     return chosen, (
         f"no extractor named: {DENSE}, since the declared edge bound ({bound:,} edges over {num_nodes:,} nodes) "
-        f"allows a mean degree of {degree:.1f}, at least {DENSE_MEAN_DEGREE:g}, where {DENSE} led {DEFAULT} on every "
-        "development graph (docs/utility.md, section 10); name --extractor to choose another"
+        f"allows a mean degree of {degree:.1f}, at least {DENSE_MEAN_DEGREE:g}: on every development graph that dense "
+        f"{DENSE} was level with or above {DEFAULT} (docs/utility.md, section 10); name --extractor to choose another"
     )
-
-
-def _named(config: RunConfig) -> bool:
-    """Whether the run set ``extractor.name`` itself (a TOML key or a flag)."""
-    return "extractor" in config.model_fields_set and "name" in config.extractor.model_fields_set

@@ -127,7 +127,7 @@ def with_run_defaults(config: RunConfig) -> tuple[RunConfig, AppliedDefaults]:
     itself (a TOML key or a flag: pydantic's fields set), and what was applied; where they
     narrowed the run, its edge-free path keeps the MLP baseline's (:func:`path_as_baseline`)."""
     defaults = lookup(config.extractor.name).spec.run_defaults
-    applied = defaults_to_apply(config, {k: v for k, v in defaults.items() if not _is_set(config, k)})
+    applied = defaults_to_apply(config, {k: v for k, v in defaults.items() if not is_set(config, k)})
     if not applied.own:
         return config, applied
     data = config.model_dump(mode="json", exclude_unset=True)
@@ -165,7 +165,7 @@ def path_as_baseline(config: RunConfig, applied: dict[str, Any]) -> dict[str, An
     baseline = lookup("mlp").spec.run_defaults
     keys: dict[str, Any] = {}
     for run_key, path_key in _PATH_KEYS.items():
-        if run_key not in applied or _is_set(config, path_key):
+        if run_key not in applied or is_set(config, path_key):
             continue
         own = baseline.get(run_key, getattr(config.extractor, run_key.split(".")[1]))
         if own == applied[run_key] or (run_key == "extractor.dim" and own % applied[run_key]):
@@ -174,8 +174,9 @@ def path_as_baseline(config: RunConfig, applied: dict[str, Any]) -> dict[str, An
     return keys
 
 
-def _is_set(model: BaseModel, dotted: str) -> bool:
-    """Whether the dotted setting was given explicitly (each section on its path, then the key)."""
+def is_set(model: BaseModel, dotted: str) -> bool:
+    """Whether the dotted setting was given explicitly, as a TOML key or a flag (each section on
+    its path, then the key)."""
     *sections, leaf = dotted.split(".")
     for name in sections:
         if name not in model.model_fields_set:
