@@ -117,7 +117,8 @@ DatasetOpt = typer.Option(None, "--dataset", help="Bundled name (cora), a name f
 ExtractorOpt = typer.Option(
     None, "--extractor",
     help="Party A's extractor, a plugin installed at A (`vesper extractors` lists this machine's): "
-    "mlp, pmp-gin, pmp-gcn, gap, vfgnn, dpar-edge, dpar-node, ...",
+    "mlp, pmp-gin, pmp-gcn, gap, vfgnn, dpar-edge, dpar-node, ... Unset: gap, or progap where --edge-bound "
+    "declares a mean degree (2 x bound / nodes) of 20 or more.",
 )
 ParamOpt = typer.Option(
     None, "--param", "-p",
