@@ -22,7 +22,7 @@ through its edge-free path, never below the MLP (section 7) — only possibly be
 from __future__ import annotations
 
 from vesper.common.config import ExtractorConfig, RunConfig
-from vesper.party_a.extractors.registry import is_set
+from vesper.party_a.extractors.registry import is_set, lookup
 
 DEFAULT = ExtractorConfig.model_fields["name"].default  # gap
 DENSE = "progap"
@@ -38,11 +38,11 @@ def with_default_extractor(config: RunConfig, num_nodes: int) -> tuple[RunConfig
     """``config`` with the extractor this module's rule chooses where the run named none, and a
     sentence for the run's progress saying why ("" where the run named one, or nothing changes).
 
-    ProGAP runs under ``visible-batch`` only, so a ``hidden-batch`` run keeps GAP."""
+    A run under an accounting ProGAP does not support (it declares ``visible-batch`` only) keeps GAP."""
     if is_set(config, "extractor.name"):
         return config, ""
     bound = config.privacy.edge_bound
-    if bound is None or config.privacy.accounting != "visible-batch":
+    if bound is None or config.privacy.accounting not in lookup(DENSE).spec.accountings:
         return config, ""
     degree = declared_mean_degree(bound, num_nodes)
     if degree < DENSE_MEAN_DEGREE:
