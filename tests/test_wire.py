@@ -92,3 +92,21 @@ def test_node_ids_are_checked() -> None:
     for fragment, ids in cases.items():
         with pytest.raises(WireError, match=fragment):
             validate_node_ids(ids, name="batch", allowed=allowed, num_nodes=4)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_value_checks_in_each_combination(dtype: str) -> None:
+    """NaN and Inf are require_finite's; a finite value above max_abs is refused either way,
+    and counted without the non-finite ones; an empty tensor passes."""
+    values = torch.tensor([[0.5, float("nan")], [float("inf"), -(2.0**42)]])  # exact in bfloat16
+    message = encode_tensor(values, dtype)
+    with pytest.raises(WireError, match="^x: 2 non-finite values"):
+        decode_tensor(message, name="x")
+    with pytest.raises(WireError, match=r"^x: 1 values of magnitude above 1e\+09 \(the largest 4.4e\+12\)"):
+        decode_tensor(message, name="x", require_finite=False)
+    decoded = decode_tensor(message, name="x", require_finite=False, max_abs=None)
+    assert torch.equal(decoded.isnan(), values.isnan()) and decoded[1, 0] == float("inf")
+    only_non_finite = encode_tensor(torch.tensor([float("nan"), float("-inf")]), dtype)
+    assert decode_tensor(only_non_finite, name="x", require_finite=False).shape == (2,)
+    assert decode_tensor(encode_tensor(torch.empty(0, 4), dtype), name="x").shape == (0, 4)
+    assert decode_tensor(encode_tensor(torch.full((3,), 1e9), dtype), name="x").shape == (3,)  # at the bound: kept
