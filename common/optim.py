@@ -10,9 +10,14 @@ from vesper.common.config import OptimizerConfig
 
 
 def build_optimizer(config: OptimizerConfig, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """Adam or SGD as ``config`` says, fused: one kernel over every parameter instead of a
+    Python loop of small ops per parameter (the same update rule; on a CPU torch's default is
+    that loop, and a step over A's extractor took 2.1 ms against 0.5 ms fused, over B's
+    decoder 1.0 ms against 0.25 ms; docs/performance-notes.md). A checkpoint restores the
+    setting it was saved with (its param_groups), so a resumed run keeps its optimiser."""
     if config.name == "adam":
-        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
-    return torch.optim.SGD(params, lr=config.lr, weight_decay=config.weight_decay)
+        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay, fused=True)
+    return torch.optim.SGD(params, lr=config.lr, weight_decay=config.weight_decay, fused=True)
 
 
 def carry_state(
