@@ -35,6 +35,7 @@ from vesper.party_a.peers import AccountantClient, LabelPartyClient
 from vesper.party_a.run import GraphData, GraphPartyRun, ProgressEvent
 from vesper.party_a.run.checkpoint_files import ResumeError, RunFiles, check_resumable
 from vesper.party_a.run.predict import PredictionPass
+from vesper.party_a.run.progress import Throttled
 from vesper.proto.v1 import graph_party_pb2 as pb
 from vesper.proto.v1 import graph_party_pb2_grpc as pb_grpc
 
@@ -217,7 +218,8 @@ class GraphPartyService(pb_grpc.GraphPartyServicer):
                 )
         run = GraphPartyRun(
             config, self.settings, data, label_party, accountant,
-            report=events.put, cancelled=lambda: not context.is_active(), resume=resume, metrics=self.metrics,
+            # a step's progress at most every 0.1 s: the coordinator draws a bar from it
+            report=Throttled(events.put), cancelled=lambda: not context.is_active(), resume=resume, metrics=self.metrics,
             dataset_path=dataset_path,
         )
         name_run(run.run_id)  # this call's log lines name the run (the server clears it when the call ends)
