@@ -32,7 +32,8 @@ from pydantic import BaseModel
 from rich.console import Console
 
 from vesper.benchmarks.harness import newest_only, parse_epsilons, run_cells
-from vesper.common.config import RunConfig, RunSummary, set_dotted
+from vesper.common.config import RunConfig, RunSummary
+from vesper.common.dotted_settings import set_dotted
 from vesper.coordinator.public_facts import with_published_edge_bound
 
 if TYPE_CHECKING:

@@ -19,7 +19,8 @@ from typing import Any
 from pydantic import BaseModel
 from rich.console import Console
 
-from vesper.common.config import RunConfig, RunSummary, set_dotted
+from vesper.common.config import RunConfig, RunSummary
+from vesper.common.dotted_settings import set_dotted
 from vesper.coordinator.public_facts import with_published_edge_bound
 
 DEFAULT_EXTRACTORS = ("mlp", "pmp-gin", "pmp-gcn", "gap", "vfgnn", "dpar-edge")

@@ -532,14 +532,6 @@ def load_config(path: Path) -> VesperConfig:
     return validated(VesperConfig, raw, f"config file {path} has settings vesper cannot use")
 
 
-def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
-    """Set ``data['a']['b'] = value`` for ``dotted='a.b'``, creating sections as needed."""
-    *parents, leaf = dotted.split(".")
-    for key in parents:
-        data = data.setdefault(key, {})
-    data[leaf] = value
-
-
 class Metric(_Model):
     name: str
     value: float

@@ -17,6 +17,7 @@ from rich.progress import (
 )
 
 from vesper.common.config import RunConfig, RunSummary, TlsConfig, describe_validation_error
+from vesper.common.dotted_settings import is_set
 from vesper.common.grpc_server import channel_options
 from vesper.common.tls import TlsError, open_channel
 from vesper.proto.v1 import graph_party_pb2 as pb
@@ -77,8 +78,7 @@ def drive_run(
         budget, mode = format_epsilon(config.privacy.epsilon), config.privacy.accounting
         # a run that names no extractor but declares an edge bound trains the one party A
         # chooses from it (party_a.extractors.default_choice; its progress says which)
-        named = "extractor" in config.model_fields_set and "name" in config.extractor.model_fields_set
-        known = named or config.privacy.edge_bound is None
+        known = is_set(config, "extractor.name") or config.privacy.edge_bound is None
         title = f"{config.extractor.name if known else 'default extractor'} on {config.dataset}"
     run_id = resume_run_id or ""
     columns = (

@@ -18,9 +18,9 @@ from vesper.common.config import (
     RunConfig,
     VesperConfig,
     load_config,
-    set_dotted,
     validated,
 )
+from vesper.common.dotted_settings import set_dotted
 from vesper.coordinator.run_client import format_epsilon
 
 # --help in click's plain layout: at 80 columns every description keeps about 50 columns (the rich

@@ -22,7 +22,8 @@ through its edge-free path, never below the MLP (section 7) — only possibly be
 from __future__ import annotations
 
 from vesper.common.config import ExtractorConfig, RunConfig
-from vesper.party_a.extractors.registry import is_set, lookup
+from vesper.common.dotted_settings import is_set
+from vesper.party_a.extractors.registry import lookup
 
 DEFAULT = ExtractorConfig.model_fields["name"].default  # gap
 DENSE = "progap"

@@ -19,7 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from vesper.common.config import RunConfig, set_dotted
+from vesper.common.config import RunConfig
+from vesper.common.dotted_settings import is_set, set_dotted
 from vesper.party_a.extractors.base import Extractor, ExtractorSpec
 
 GROUP = "vesper.extractors"
@@ -172,17 +173,6 @@ def path_as_baseline(config: RunConfig, applied: dict[str, Any]) -> dict[str, An
             continue
         keys[path_key] = own
     return keys
-
-
-def is_set(model: BaseModel, dotted: str) -> bool:
-    """Whether the dotted setting was given explicitly, as a TOML key or a flag (each section on
-    its path, then the key)."""
-    *sections, leaf = dotted.split(".")
-    for name in sections:
-        if name not in model.model_fields_set:
-            return False
-        model = getattr(model, name)
-    return leaf in model.model_fields_set
 
 
 def describe_params(model: type[BaseModel]) -> list[tuple[str, str, str]]:
