@@ -13,11 +13,16 @@ def build_optimizer(config: OptimizerConfig, params: Iterable[torch.nn.Parameter
     """Adam or SGD as ``config`` says, fused: one kernel over every parameter instead of a
     Python loop of small ops per parameter (the same update rule; on a CPU torch's default is
     that loop, and a step over A's extractor took 2.1 ms against 0.5 ms fused, over B's
-    decoder 1.0 ms against 0.25 ms; docs/performance-notes.md). A checkpoint restores the
+    decoder 1.0 ms against 0.25 ms; docs/performance-notes.md). A torch without a fused kernel
+    for these parameters' device (a GPU host's own torch before 2.4 has none for the CPU, and
+    refuses ``fused`` when the optimiser is built) gets torch's loop. A checkpoint restores the
     setting it was saved with (its param_groups), so a resumed run keeps its optimiser."""
-    if config.name == "adam":
-        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay, fused=True)
-    return torch.optim.SGD(params, lr=config.lr, weight_decay=config.weight_decay, fused=True)
+    optimizer = torch.optim.Adam if config.name == "adam" else torch.optim.SGD
+    params = list(params)
+    try:
+        return optimizer(params, lr=config.lr, weight_decay=config.weight_decay, fused=True)
+    except RuntimeError:
+        return optimizer(params, lr=config.lr, weight_decay=config.weight_decay)
 
 
 def carry_state(

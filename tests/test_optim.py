@@ -55,3 +55,21 @@ def test_a_checkpoint_of_the_loop_optimiser_restores_into_a_fused_one_and_goes_o
     _train(resumed, resumed_parameters, 5, seed=2)
     for mine, theirs in zip(resumed_parameters, loop_parameters, strict=True):
         assert torch.equal(mine, theirs)
+
+
+def test_a_torch_that_refuses_fused_gets_its_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As torch before 2.4 does for CPU parameters: ``fused=True`` refused when the optimiser is built."""
+    built = []
+
+    class OldAdam(torch.optim.Adam):
+        def __init__(self, params, **options) -> None:
+            if options.get("fused"):
+                raise RuntimeError("`fused=True` requires all the params to be floating point Tensors of supported devices: ['cuda']")
+            built.append(options)
+            super().__init__(params, **options)
+
+    monkeypatch.setattr(torch.optim, "Adam", OldAdam)
+    parameters = (p for p in _parameters(0))  # a generator, as module.parameters() is: read once
+    optimizer = build_optimizer(OptimizerConfig(lr=0.02), parameters)
+    assert isinstance(optimizer, OldAdam) and built == [{"lr": 0.02, "weight_decay": 0.0}]
+    assert len(optimizer.param_groups[0]["params"]) == 4 and not optimizer.param_groups[0]["fused"]
