@@ -218,7 +218,7 @@ class GraphPartyService(pb_grpc.GraphPartyServicer):
                 )
         run = GraphPartyRun(
             config, self.settings, data, label_party, accountant,
-            # a step's progress at most every 0.1 s: the coordinator draws a bar from it
+            # a step's progress at most every STEP_EVENTS_EVERY_S (progress.Throttled): the coordinator draws a bar from it
             report=Throttled(events.put), cancelled=lambda: not context.is_active(), resume=resume, metrics=self.metrics,
             dataset_path=dataset_path,
         )
